@@ -1,0 +1,49 @@
+# The targets are the commands the README names. Each creates .venv and installs what it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: help demo test lint typecheck unit integration bench services clean
+
+help:
+	@echo "make demo    run the embedded demo (SQLite + local RabbitMQ)"
+	@echo "make test    lint, type-check and run the whole test suite"
+	@echo "make bench   benchmarks: raw pika confirm ceiling vs the relay's drain rate"
+
+$(STAMP):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is needed, $(PYTHON) is " + sys.version.split()[0])'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+services:
+	@scripts/ensure-services.sh
+
+demo: $(STAMP) services
+	$(VENV)/bin/outbox-relay demo
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q
+
+integration: $(STAMP) services
+	$(PY) -m pytest tests/integration tests/e2e -q
+
+test: $(STAMP) services lint typecheck
+	$(PY) -m pytest -q
+
+bench: $(STAMP) services
+	$(PY) -m benchmarks
+	$(PY) -m benchmarks.scale
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

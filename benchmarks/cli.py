@@ -1,0 +1,426 @@
+"""`python -m benchmarks`: the confirmed-publish ceiling, the relay's drain rate, and their ratio.
+
+Phases, in order (choose with --phases):
+  ceiling      raw pika SelectConnection with confirms: the bound
+  in-process   relay.Relay + relay.Publisher + the SQL store, in this process
+  subprocess   `outbox-relay --db URL run`, as operators run it (also its peak RSS and CPU)
+  store        diagnostic: the store's claim + mark_published alone, nothing published
+  publisher    diagnostic: relay.Publisher alone, fed pre-built messages, no database
+
+The queue is purged after every phase; the database and the queue are removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pika
+
+from benchmarks.ceiling import CeilingResult, measure_ceiling
+from benchmarks.drain import (
+    DrainResult,
+    drain_in_process,
+    drain_store_only,
+    drain_subprocess,
+    publish_only,
+)
+from benchmarks.fixtures import (
+    ROUTING_KEY,
+    BenchBroker,
+    BenchDatabase,
+    encode,
+    make_payload,
+    message_properties,
+    names,
+)
+from relay.publisher import Outgoing
+
+PHASES = ("ceiling", "in-process", "subprocess", "store", "publisher")
+DEFAULT_DB = os.environ.get("BENCH_DB_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
+DEFAULT_AMQP = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+TARGET = 0.8
+NOISE = 0.2  # cores used by other processes during a phase above which its figure is suspect
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Raw pika confirmed-publish ceiling versus the relay's drain rate.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+    )
+    p.add_argument("--messages", type=int, default=100_000, help="messages per phase (100000)")
+    p.add_argument("--payload-bytes", type=int, default=1024, help="JSON body size (1024)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 5000 messages")
+    p.add_argument(
+        "--window", type=int, default=1000, help="ceiling: unconfirmed messages at most (1000)"
+    )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="runs of each phase; the median is reported (1)"
+    )
+    p.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"comma-separated subset of {','.join(PHASES)} (all)",
+    )
+    p.add_argument("--db", default=DEFAULT_DB, help="admin database URL (env BENCH_DB_URL)")
+    p.add_argument("--amqp", default=DEFAULT_AMQP, help="AMQP URL (env BENCH_AMQP_URL)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per phase at most (600)")
+    p.add_argument("--json", type=Path, help="also write the results to this file as JSON")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="cProfile both threads of the in-process relay into DIR/*.prof (slows it down)",
+    )
+    return p
+
+
+@dataclass
+class Row:
+    figure: str
+    rates: list[float] = field(default_factory=list)
+    extras: list[str] = field(default_factory=list)  # one per run, beside rates
+    others: list[float] = field(default_factory=list)  # cores used by other processes, per run
+    diagnostic: bool = False
+    error: str | None = None
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates) if self.rates else 0.0
+
+    @property
+    def extra(self) -> str:
+        """The details of the median run (the lower middle one of an even count)."""
+        if not self.extras:
+            return ""
+        order = sorted(range(len(self.rates)), key=lambda i: self.rates[i])
+        return self.extras[order[(len(order) - 1) // 2]]
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _fmt_rate(rate: float) -> str:
+    return f"{rate:,.0f} msg/s"
+
+
+def _spread(rates: Sequence[float]) -> str:
+    if len(rates) < 2:
+        return ""
+    return f" (min {min(rates):,.0f}, max {max(rates):,.0f})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.messages = 5000
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown or args.messages < 1 or args.payload_bytes < 1 or args.repeat < 1:
+        _say(f"error: bad arguments (unknown phases: {unknown})" if unknown else "bad arguments")
+        return 2
+    exe = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else "python"
+    command = shlex.join([exe, "-m", "benchmarks", *sys.argv[1:]])
+    base = names()
+    db = BenchDatabase(args.db, base)
+    broker = BenchBroker(args.amqp, exchange=base.replace("_", "-"), queue=base.replace("_", "-"))
+    results: dict[str, Row] = {}
+    info: dict[str, str] = {}
+    busy = _busy_cores()
+    if busy is not None:
+        info["busy_before"] = f"{busy:.2f}"
+        if busy > 0.2:
+            _say(f"warning: {busy:.1f} cores were busy before the run: figures will be low")
+    try:
+        info["rabbitmq"] = broker.declare()
+        info["postgresql"] = db.server_version()
+        _run(args, phases, db, broker, results)
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+    except Exception as exc:
+        _say(f"error: {exc!r}")
+        return 1
+    finally:
+        _cleanup(db, broker)
+    _report(args, command, info, results)
+    return 1 if any(row.error for row in results.values()) else 0
+
+
+def _run(
+    args: argparse.Namespace,
+    phases: list[str],
+    db: BenchDatabase,
+    broker: BenchBroker,
+    results: dict[str, Row],
+) -> None:
+    n = args.messages
+    payloads = [encode(make_payload(i, args.payload_bytes)) for i in range(n)]
+    now = time.time()
+
+    if {"in-process", "subprocess", "store"} & set(phases):
+        db.create()
+        _say(f"loading {n} messages through outbox.enqueue ...")
+        seconds = db.load(n, args.payload_bytes, broker.exchange)
+        _say(f"  loaded in {seconds:.1f} s ({n / seconds:,.0f} rows/s, not part of any figure)")
+
+    for round_ in range(args.repeat):
+        tag = f" [{round_ + 1}/{args.repeat}]" if args.repeat > 1 else ""
+        for phase in phases:
+            _quiesce()
+            try:
+                _phase(phase, tag, args, db, broker, payloads, now, results)
+            except Exception as exc:
+                # One broken phase (the relay code changes under this harness) must not hide
+                # the others: record it, clean the queue, go on.
+                _say(f"  FAILED: {exc}")
+                row = results.setdefault(phase, Row(FIGURES[phase], diagnostic=phase in DIAG))
+                row.error = str(exc).splitlines()[0][:200]
+                with contextlib.suppress(Exception):
+                    broker.purge()
+
+
+FIGURES = {
+    "ceiling": "raw pika async-confirm ceiling",
+    "in-process": "relay drain, in-process",
+    "subprocess": "relay drain, subprocess `outbox-relay run`",
+    "store": "diagnostic: store only, claim+mark, no broker",
+    "publisher": "diagnostic: relay.Publisher only, no DB",
+}
+DIAG = ("store", "publisher")
+
+
+def _phase(
+    phase: str,
+    tag: str,
+    args: argparse.Namespace,
+    db: BenchDatabase,
+    broker: BenchBroker,
+    payloads: list[bytes],
+    now: float,
+    results: dict[str, Row],
+) -> None:
+    n = len(payloads)
+
+    def purge_after(fn: Callable[[], Any]) -> Any:
+        try:
+            value = fn()
+        except BaseException:
+            broker.purge()
+            raise
+        # Every confirmed message was routed to the queue: purging them counts them.
+        arrived = broker.purge()
+        if arrived != n:
+            raise RuntimeError(f"{phase}: {arrived} messages in the queue, expected {n}")
+        return value
+
+    if phase == "ceiling":
+        _say(f"ceiling: raw pika, confirms, window {args.window}{tag} ...")
+        props = [message_properties(uuid.uuid4(), now) for _ in range(n)]
+        c: CeilingResult = purge_after(
+            lambda: measure_ceiling(
+                args.amqp,
+                broker.exchange,
+                ROUTING_KEY,
+                payloads,
+                props,
+                window=args.window,
+                timeout=args.timeout,
+            )
+        )
+        if c.nacked or c.returned:
+            raise RuntimeError(f"ceiling: {c.nacked} nacked, {c.returned} returned")
+        row = _add(results, phase, c.rate)
+        extra = f"{c.seconds:.2f} s" + (f"; {c.cpu.describe(c.messages)}" if c.cpu else "")
+        row.extras.append(extra)
+        if c.cpu is not None:
+            row.others.append(c.cpu.cores("other"))
+        _say(f"  {_fmt_rate(c.rate)} ({extra})")
+    elif phase == "in-process":
+        db.restore()
+        _quiesce()
+        _say(f"relay drain, in-process{tag} ...")
+        r: DrainResult = purge_after(
+            lambda: drain_in_process(db, args.amqp, timeout=args.timeout, profile_dir=args.profile)
+        )
+        _add_drain(results, phase, r)
+    elif phase == "subprocess":
+        db.restore()
+        _quiesce()
+        _say(f"relay drain, subprocess (outbox-relay run){tag} ...")
+        r = purge_after(lambda: drain_subprocess(db, args.amqp, timeout=args.timeout))
+        _add_drain(results, phase, r)
+    elif phase == "store":
+        db.restore()
+        _quiesce()
+        _say(f"diagnostic: store only (claim + mark_published, 500 a batch){tag} ...")
+        _add_drain(results, phase, drain_store_only(db))
+    elif phase == "publisher":
+        _say(f"diagnostic: relay.Publisher only, pre-built messages{tag} ...")
+        items = [
+            Outgoing(
+                i,
+                str(uuid.uuid4()),
+                broker.exchange,
+                ROUTING_KEY,
+                payloads[i],
+                message_properties(uuid.uuid4(), now),
+            )
+            for i in range(n)
+        ]
+        r = purge_after(lambda: publish_only(args.amqp, items, timeout=args.timeout))
+        _add_drain(results, phase, r)
+
+
+def _add(results: dict[str, Row], key: str, rate: float) -> Row:
+    row = results.setdefault(key, Row(FIGURES[key], diagnostic=key in DIAG))
+    row.rates.append(rate)
+    return row
+
+
+def _add_drain(results: dict[str, Row], key: str, r: DrainResult) -> None:
+    row = _add(results, key, r.rate)
+    parts = [f"{r.seconds:.2f} s"]
+    if r.startup_seconds is not None:
+        parts.append(f"startup {r.startup_seconds:.2f} s")
+    if r.peak_rss_bytes is not None:
+        parts.append(f"peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB")
+        rss = results.setdefault(f"{key}-rss", Row("  peak RSS of the relay process"))
+        rss.rates.append(r.peak_rss_bytes / 2**20)
+    parts.extend(r.notes)
+    if r.cpu is not None:
+        parts.append(r.cpu.describe(r.messages))
+        row.others.append(r.cpu.cores("other"))
+    extra = "; ".join(parts)
+    row.extras.append(extra)
+    _say(f"  {_fmt_rate(r.rate)} ({extra})")
+
+
+def _busy_cores(seconds: float = 1.0) -> float | None:
+    """How many cores something else kept busy over `seconds` (Linux /proc/stat), or None."""
+
+    def sample() -> tuple[int, int]:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = values[3] + values[4]  # idle + iowait
+        return sum(values), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 == total0:
+        return None
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / (total1 - total0))
+
+
+def _quiesce(limit: float = 15.0, busy: float = 0.25) -> None:
+    """Wait (at most `limit` s) until the machine is nearly idle: the broker and the database
+    finish what the previous phase left them (fsyncs, vacuum, queue deletion) before the next."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        used = _busy_cores(0.5)
+        if used is None or used < busy:
+            return
+    _say(f"warning: the machine stayed busy (over {busy} cores) for {limit:.0f} s")
+
+
+def _cleanup(db: BenchDatabase, broker: BenchBroker) -> None:
+    for what, fn in (("queue and exchange", broker.delete), ("database", db.drop)):
+        try:
+            fn()
+        except Exception as exc:
+            _say(f"warning: could not remove the benchmark {what}: {exc!r}")
+
+
+def _report(
+    args: argparse.Namespace, command: str, info: dict[str, str], results: dict[str, Row]
+) -> None:
+    ceiling = results.get("ceiling")
+    base = ceiling.rate if ceiling else None
+    lines: list[tuple[str, str, str]] = []
+    for key, row in results.items():
+        if key.endswith("-rss"):
+            lines.append((row.figure, f"{max(row.rates):,.0f} MiB", "-"))
+            continue
+        if row.error and not row.rates:
+            lines.append((row.figure, "FAILED", "-"))
+            continue
+        ratio = f"{row.rate / base:.2f}x" if base else "-"
+        lines.append((row.figure, _fmt_rate(row.rate) + _spread(row.rates), ratio))
+    w1 = max([len("figure"), *(len(a) for a, _, _ in lines)])
+    w2 = max([len("value"), *(len(b) for _, b, _ in lines)])
+    out = [
+        "",
+        "outbox-relay benchmark",
+        f"command : {command}",
+        f"machine : {os.cpu_count()} cores, {platform.system()} {platform.machine()}, "
+        f"Python {platform.python_version()}, pika {pika.__version__}, "
+        f"PostgreSQL {info.get('postgresql', '?')}, RabbitMQ {info.get('rabbitmq', '?')}"
+        + (f"; {info['busy_before']} cores busy before start" if "busy_before" in info else ""),
+        f"messages: {args.messages:,} per phase, {args.payload_bytes}-byte JSON body, persistent, "
+        "mandatory, topic exchange -> durable queue"
+        + (f"; median of {args.repeat} runs" if args.repeat > 1 else ""),
+        "",
+        f"{'figure':<{w1}}  {'value':>{w2}}  ratio to ceiling",
+        f"{'-' * w1}  {'-' * w2}  ----------------",
+    ]
+    out += [f"{a:<{w1}}  {b:>{w2}}  {c}" for a, b, c in lines]
+    out.append("")
+    for key, row in results.items():
+        if row.extra and not key.endswith("-rss"):
+            out.append(f"{key}: {row.extra}")
+        if row.error:
+            out.append(f"{key}: FAILED: {row.error}")
+    noisy = [
+        f"{k} ({max(r.others):.2f})" for k, r in results.items() if max(r.others, default=0) > 0.2
+    ]
+    if noisy:
+        out.append(
+            "warning: other processes kept cores busy during "
+            + ", ".join(noisy)
+            + ": those figures are low; rerun on an idle machine"
+        )
+    relay = results.get("in-process") or results.get("subprocess")
+    if base and relay and relay.rates:
+        verdict = "met" if relay.rate >= TARGET * base else "NOT met"
+        out.append(
+            f"target relay >= {TARGET:.1f}x ceiling ({_fmt_rate(TARGET * base)}): {verdict} "
+            f"({relay.figure.split(', ')[-1]}: {relay.rate / base:.2f}x)"
+        )
+    print("\n".join(out), flush=True)
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "command": command,
+                    "cores": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "messages": args.messages,
+                    "payload_bytes": args.payload_bytes,
+                    **info,
+                    "results": {
+                        k: {"figure": r.figure, "median": r.rate, "runs": r.rates, "extra": r.extra}
+                        for k, r in results.items()
+                    },
+                },
+                indent=2,
+            )
+            + "\n"
+        )

@@ -1,0 +1,193 @@
+"""What the benchmarks run against: the messages, a throw-away database, a throw-away queue.
+
+The backlog is written once through `outbox.enqueue` (the public path, 5,000 rows per
+transaction) and copied aside; every drain phase then starts from an identical, freshly vacuumed
+copy of it, so phases compare like with like and loading is never timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+import outbox
+
+EXCHANGE_TYPE = "topic"
+ROUTING_KEY = "bench.order.created"
+BINDING_KEY = "bench.#"
+JSON_TYPE = "application/json"
+PERSISTENT = 2
+LOAD_BATCH = 5000
+
+
+def make_payload(n: int, size: int) -> dict[str, Any]:
+    """A JSON object whose compact encoding is exactly `size` bytes (or as short as it can be)."""
+    base: dict[str, Any] = {"order_id": n, "customer": f"customer-{n % 977}", "pad": ""}
+    overhead = len(encode(base))
+    base["pad"] = "x" * max(0, size - overhead)
+    return base
+
+
+def encode(payload: dict[str, Any]) -> bytes:
+    """The bytes `outbox.enqueue` stores for a dict payload (same separators, same options)."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def names() -> str:
+    return f"outbox_bench_{os.getpid()}"
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+class BenchDatabase:
+    """A database of its own, created from an admin URL and dropped by `drop()`."""
+
+    def __init__(self, admin_url: str, name: str) -> None:
+        self.admin_url = admin_url
+        self.name = name
+        self.url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        self._admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_size=1)
+        self.engine: Engine | None = None
+        self.loaded = 0
+
+    def create(self) -> None:
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+            conn.exec_driver_sql(f'CREATE DATABASE "{self.name}"')
+        self.engine = create_engine(self.url, pool_size=2)
+        outbox.create_schema(self.engine)
+
+    def server_version(self) -> str:
+        with self._admin.connect() as conn:
+            return str(conn.exec_driver_sql("SHOW server_version").scalar()).split()[0]
+
+    def load(self, count: int, payload_bytes: int, exchange: str) -> float:
+        """Enqueue `count` messages through outbox.enqueue; keep a copy. Returns seconds taken."""
+        assert self.engine is not None
+        started = time.perf_counter()
+        done = 0
+        while done < count:
+            with self.engine.begin() as conn:
+                for n in range(done, min(count, done + LOAD_BATCH)):
+                    outbox.enqueue(
+                        conn,
+                        exchange=exchange,
+                        routing_key=ROUTING_KEY,
+                        payload=make_payload(n, payload_bytes),
+                    )
+            done = min(count, done + LOAD_BATCH)
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE IF EXISTS bench_backlog")
+            conn.exec_driver_sql(
+                "CREATE UNLOGGED TABLE bench_backlog AS SELECT * FROM outbox_message"
+            )
+        self.loaded = count
+        return time.perf_counter() - started
+
+    def restore(self) -> None:
+        """Put the loaded backlog back: every row pending, nothing else in the table."""
+        assert self.engine is not None
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql("TRUNCATE outbox_message")
+            conn.exec_driver_sql("INSERT INTO outbox_message SELECT * FROM bench_backlog")
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.exec_driver_sql("VACUUM ANALYZE outbox_message")
+            # A checkpoint now rather than in the middle of the next timed phase.
+            with contextlib.suppress(Exception):
+                conn.exec_driver_sql("CHECKPOINT")
+
+    def remaining(self) -> bool:
+        """True while any row is pending or in flight (two partial-index probes: cheap)."""
+        assert self.engine is not None
+        with self.engine.connect() as conn:
+            return bool(
+                conn.execute(
+                    text(
+                        "SELECT EXISTS (SELECT 1 FROM outbox_message WHERE state = 'pending') "
+                        "OR EXISTS (SELECT 1 FROM outbox_message WHERE state = 'in_flight')"
+                    )
+                ).scalar()
+            )
+
+    def by_state(self) -> dict[str, int]:
+        assert self.engine is not None
+        with self.engine.connect() as conn:
+            rows = conn.execute(text("SELECT state, count(*) FROM outbox_message GROUP BY state"))
+            return {str(state): int(n) for state, n in rows}
+
+    def drop(self) -> None:
+        if self.engine is not None:
+            self.engine.dispose()
+            self.engine = None
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        self._admin.dispose()
+
+
+# --------------------------------------------------------------------------- RabbitMQ
+
+
+@dataclass
+class BenchBroker:
+    """A durable topic exchange and a durable queue bound to it, deleted by `delete()`."""
+
+    amqp_url: str
+    exchange: str
+    queue: str
+
+    def _channel(self) -> tuple[Any, Any]:
+        params = pika.URLParameters(self.amqp_url)
+        params.connection_attempts = 1
+        params.socket_timeout = 5
+        conn = pika.BlockingConnection(params)
+        return conn, conn.channel()
+
+    def declare(self) -> str:
+        """Declare both, bind them; return the broker's version."""
+        conn, ch = self._channel()
+        try:
+            ch.exchange_declare(self.exchange, exchange_type=EXCHANGE_TYPE, durable=True)
+            ch.queue_declare(self.queue, durable=True)
+            ch.queue_bind(self.queue, self.exchange, routing_key=BINDING_KEY)
+            props = getattr(conn, "_impl", None)
+            server = getattr(props, "server_properties", None) or {}
+            version = server.get("version", b"?")
+            return version.decode() if isinstance(version, bytes) else str(version)
+        finally:
+            conn.close()
+
+    def purge(self) -> int:
+        conn, ch = self._channel()
+        try:
+            return int(ch.queue_purge(self.queue).method.message_count)
+        finally:
+            conn.close()
+
+    def delete(self) -> None:
+        conn, ch = self._channel()
+        try:
+            ch.queue_delete(self.queue)
+            ch.exchange_delete(self.exchange)
+        finally:
+            conn.close()
+
+
+def message_properties(message_id: uuid.UUID, created: float) -> Any:
+    """The AMQP properties the relay puts on a row without key, headers or trace context."""
+    return pika.BasicProperties(
+        content_type=JSON_TYPE,
+        delivery_mode=PERSISTENT,
+        message_id=str(message_id),
+        timestamp=int(created),
+    )

@@ -1,0 +1,106 @@
+"""Where the machine's CPU went during a phase: the relay, RabbitMQ, PostgreSQL, the rest, idle.
+
+On a 2-core machine the broker, the database and the relay share the same cores, so a relay that
+burns CPU slows the broker down as surely as one that waits too much. Linux only (/proc); on other
+systems every reading is None and the report leaves the split out.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+GROUPS = ("relay", "rabbitmq", "postgres", "other", "idle")  # "other": everything else
+
+
+def _group(comm: str) -> str:
+    if comm.startswith("postgres"):
+        return "postgres"
+    if comm in ("beam.smp", "erl_child_setup", "epmd", "inet_gethost"):
+        return "rabbitmq"
+    return "other"
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    busy: float  # CPU seconds all cores spent not idle since boot
+    idle: float  # idle + iowait seconds, all cores
+    procs: dict[int, tuple[str, float]]  # pid -> (group, CPU seconds of all its threads)
+
+
+def _snapshot(relay_pids: set[int]) -> _Snapshot | None:
+    try:
+        first = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = first[3] + first[4]
+    # user nice system idle iowait irq softirq steal (guest time is already in user)
+    busy = sum(first[:8]) - idle
+    procs: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw.rsplit(")", 1)[1].split()
+        # utime, stime: fields 14 and 15 of stat (1-based), summed over the process's threads.
+        cpu = (int(fields[11]) + int(fields[12])) / _TICK
+        pid = int(entry.name)
+        procs[pid] = ("relay" if pid in relay_pids else _group(comm), cpu)
+    return _Snapshot(busy / _TICK, idle / _TICK, procs)
+
+
+@dataclass
+class CpuSplit:
+    """CPU seconds per group over `seconds` of wall time."""
+
+    seconds: float
+    used: dict[str, float]
+
+    def cores(self, group: str) -> float:
+        return self.used.get(group, 0.0) / self.seconds if self.seconds > 0 else 0.0
+
+    def describe(self, messages: int) -> str:
+        parts = []
+        for group in GROUPS:
+            value = self.used.get(group, 0.0)
+            if group == "idle":
+                parts.append(f"idle {self.cores(group):.2f}")
+            else:
+                us = value / messages * 1e6 if messages else 0.0
+                parts.append(f"{group} {self.cores(group):.2f} ({us:.0f} us/msg)")
+        return "cores: " + ", ".join(parts)
+
+
+class CpuMeter:
+    """Snapshot at `start()`, difference at `stop()`; counts the given pids as the relay."""
+
+    def __init__(self, *relay_pids: int) -> None:
+        self.relay_pids = set(relay_pids) or {os.getpid()}
+        self._start: _Snapshot | None = None
+
+    def start(self) -> None:
+        self._start = _snapshot(self.relay_pids)
+
+    def stop(self, seconds: float) -> CpuSplit | None:
+        """The split over the `seconds` since start (the caller's own, more precise clock)."""
+        end = _snapshot(self.relay_pids)
+        start = self._start
+        if start is None or end is None:
+            return None
+        used = dict.fromkeys(GROUPS, 0.0)
+        # Per process, so that one exiting during the phase cannot subtract from its group; a
+        # process born during the phase counts from zero. What exited unseen lands in "other".
+        for pid, (group, cpu) in end.procs.items():
+            before = start.procs.get(pid)
+            if group != "other":
+                used[group] += max(0.0, cpu - (before[1] if before else 0.0))
+        busy = end.busy - start.busy
+        used["other"] = max(0.0, busy - used["relay"] - used["rabbitmq"] - used["postgres"])
+        used["idle"] = end.idle - start.idle
+        return CpuSplit(seconds, used)

@@ -1,0 +1,40 @@
+"""outbox: write messages in your own database transaction; `outbox-relay` publishes them.
+
+import outbox
+with Session(engine) as session, session.begin():
+    session.add(order)
+    outbox.enqueue(session, exchange="orders", routing_key="order.created",
+                   payload={"id": order.id}, key=str(order.id))
+"""
+
+from outbox.config import configure
+from outbox.enqueue import enqueue
+from outbox.errors import (
+    IdempotencyConflict,
+    InvalidDestination,
+    InvalidHeader,
+    InvalidMessage,
+    InvalidOption,
+    OutboxError,
+    PayloadEncodingError,
+    PayloadTooLarge,
+    SchemaMissing,
+)
+from outbox.schema import create_schema
+from outbox.states import State
+
+__all__ = [
+    "IdempotencyConflict",
+    "InvalidDestination",
+    "InvalidHeader",
+    "InvalidMessage",
+    "InvalidOption",
+    "OutboxError",
+    "PayloadEncodingError",
+    "PayloadTooLarge",
+    "SchemaMissing",
+    "State",
+    "configure",
+    "create_schema",
+    "enqueue",
+]

@@ -1,0 +1,184 @@
+"""Pure validation and encoding of what `enqueue` accepts. No database, no clock.
+
+Everything here runs before a row is built, so a bad call never reaches the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from outbox.errors import (
+    InvalidDestination,
+    InvalidHeader,
+    InvalidOption,
+    PayloadEncodingError,
+    PayloadTooLarge,
+)
+
+JSON_TYPE = "application/json"
+TEXT_TYPE = "text/plain; charset=utf-8"
+BYTES_TYPE = "application/octet-stream"
+
+# AMQP 0-9-1 short strings (exchange, routing key, header names, properties): <= 255 bytes.
+SHORTSTR_MAX = 255
+# Header values are signed 64-bit integers on the wire.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Stored in a 32-bit integer column.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# A delay beyond this is almost certainly a unit mistake (milliseconds passed as seconds).
+MAX_DELAY = dt.timedelta(days=3650)
+# Header names the relay sets itself; a caller-supplied one would be silently overwritten.
+RESERVED_HEADERS = frozenset({"x-outbox-key", "traceparent", "tracestate"})
+RESERVED_PREFIX = "x-outbox-"
+
+HeaderValue = str | int | float | bool
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    body: bytes
+    content_type: str
+
+
+def encode_payload(payload: object, content_type: str | None, max_bytes: int) -> Encoded:
+    """Turn a payload into bytes and the content type that describes them."""
+    if isinstance(payload, dict | list):
+        try:
+            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            body = text.encode("utf-8")
+        except (TypeError, ValueError, UnicodeEncodeError) as exc:
+            raise PayloadEncodingError(f"payload cannot be encoded as JSON: {exc}") from exc
+        derived = JSON_TYPE
+    elif isinstance(payload, str):
+        try:
+            body = payload.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PayloadEncodingError(f"payload text is not valid UTF-8: {exc}") from exc
+        derived = TEXT_TYPE
+    elif isinstance(payload, bytes | bytearray | memoryview):
+        body = bytes(payload)
+        derived = BYTES_TYPE
+    else:
+        raise PayloadEncodingError(
+            f"payload must be dict, list, str or bytes, not {type(payload).__name__}"
+        )
+    if len(body) > max_bytes:
+        raise PayloadTooLarge(
+            f"payload is {len(body)} bytes encoded, over the limit of {max_bytes} bytes "
+            "(raise it with outbox.configure(max_payload_bytes=...))"
+        )
+    return Encoded(body, _content_type(content_type) if content_type is not None else derived)
+
+
+def _content_type(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidOption(f"content_type must be a non-empty string, not {value!r}")
+    _shortstr("content_type", value, InvalidOption)
+    return value
+
+
+def _shortstr(what: str, value: str, error: type[Exception]) -> None:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise error(f"{what} is not valid UTF-8: {exc}") from exc
+    if size > SHORTSTR_MAX:
+        raise error(f"{what} is {size} bytes, over AMQP's limit of {SHORTSTR_MAX}")
+
+
+def check_destination(exchange: object, routing_key: object) -> None:
+    if not isinstance(exchange, str):
+        raise InvalidDestination(f"exchange must be a string, not {type(exchange).__name__}")
+    if not isinstance(routing_key, str):
+        raise InvalidDestination(f"routing_key must be a string, not {type(routing_key).__name__}")
+    if exchange == "" and routing_key == "":
+        raise InvalidDestination(
+            "empty routing target: the default exchange ('') needs a queue name as routing_key"
+        )
+    _shortstr("exchange", exchange, InvalidDestination)
+    _shortstr("routing_key", routing_key, InvalidDestination)
+
+
+def check_headers(headers: Mapping[str, Any] | None) -> dict[str, HeaderValue] | None:
+    """Validate caller headers; return a plain dict (or None when there are none)."""
+    if headers is None:
+        return None
+    if not isinstance(headers, Mapping):
+        raise InvalidHeader(f"headers must be a mapping, not {type(headers).__name__}")
+    out: dict[str, HeaderValue] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidHeader(f"header names must be non-empty strings, not {name!r}")
+        _shortstr(f"header name {name!r}", name, InvalidHeader)
+        lowered = name.lower()
+        if lowered in RESERVED_HEADERS or lowered.startswith(RESERVED_PREFIX):
+            raise InvalidHeader(f"header {name!r} is reserved: the relay sets it")
+        out[name] = _header_value(name, value)
+    return out or None
+
+
+def _header_value(name: str, value: object) -> HeaderValue:
+    # bool before int: bool is an int subclass but travels as an AMQP boolean.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise InvalidHeader(f"header {name!r}: integer {value} does not fit in 64 bits")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidHeader(f"header {name!r}: {value} is not a finite number")
+        return value
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidHeader(f"header {name!r}: value is not valid UTF-8") from exc
+        return value
+    raise InvalidHeader(
+        f"header {name!r}: value must be str, int, float or bool, not {type(value).__name__}"
+    )
+
+
+def check_delay(delay: object) -> dt.timedelta | None:
+    if delay is None:
+        return None
+    if isinstance(delay, bool) or not isinstance(delay, int | float | dt.timedelta):
+        raise InvalidOption(f"delay must be seconds or a timedelta, not {type(delay).__name__}")
+    if isinstance(delay, dt.timedelta):
+        td = delay
+    else:
+        if not math.isfinite(delay):
+            raise InvalidOption(f"delay must be a finite number of seconds, not {delay}")
+        if delay < 0:
+            raise InvalidOption(f"delay must not be negative, got {delay}")
+        if delay > MAX_DELAY.total_seconds():
+            raise InvalidOption(f"delay of {delay} s is over the maximum of {MAX_DELAY.days} days")
+        td = dt.timedelta(seconds=delay)
+    if td < dt.timedelta(0):
+        raise InvalidOption(f"delay must not be negative, got {td}")
+    if td > MAX_DELAY:
+        raise InvalidOption(f"delay of {td} is over the maximum of {MAX_DELAY.days} days")
+    return td or None
+
+
+def check_text_option(what: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidOption(f"{what} must be a non-empty string or None, not {value!r}")
+    _shortstr(what, value, InvalidOption)
+    return value
+
+
+def check_int_option(what: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOption(f"{what} must be an integer, not {type(value).__name__}")
+    if not max(minimum, INT32_MIN) <= value <= INT32_MAX:
+        raise InvalidOption(f"{what} must be between {max(minimum, INT32_MIN)} and {INT32_MAX}")
+    return value

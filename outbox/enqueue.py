@@ -1,0 +1,196 @@
+"""`enqueue`: add one message row to the caller's transaction, and nothing else.
+
+It never commits, never flushes the caller's ORM objects, never runs DDL. Every argument is
+validated before the INSERT is built, so an invalid call leaves the transaction untouched.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Insert, Interval, bindparam, func, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from outbox import encoding, tracecontext
+from outbox.config import settings
+from outbox.errors import IdempotencyConflict, OutboxError, SchemaMissing
+from outbox.ids import new_id
+from outbox.schema import is_missing_table, message
+
+Db = Session | Connection
+
+
+def enqueue(
+    db: Db,
+    *,
+    exchange: str,
+    routing_key: str,
+    payload: object,
+    key: str | None = None,
+    headers: Mapping[str, str | int | float | bool] | None = None,
+    idempotency_key: str | None = None,
+    delay: float | dt.timedelta | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    content_type: str | None = None,
+) -> uuid.UUID:
+    """Add a message to the caller's transaction; return its id (also the AMQP message_id)."""
+    encoding.check_destination(exchange, routing_key)
+    encoded = encoding.encode_payload(payload, content_type, settings().max_payload_bytes)
+    checked_headers = encoding.check_headers(headers)
+    wait = encoding.check_delay(delay)
+    key = encoding.check_text_option("key", key)
+    idempotency_key = encoding.check_text_option("idempotency_key", idempotency_key)
+    priority = encoding.check_int_option("priority", priority, encoding.INT32_MIN)
+    if max_attempts is not None:
+        max_attempts = encoding.check_int_option("max_attempts", max_attempts, 1)
+    conn = _connection(db)
+    traceparent, tracestate = tracecontext.current()
+
+    message_id = new_id()
+    params: dict[str, Any] = {
+        "id": message_id,
+        "exchange": exchange,
+        "routing_key": routing_key,
+        "payload": encoded.body,
+        "content_type": encoded.content_type,
+        "headers": checked_headers,
+        "key": key,
+        "idempotency_key": idempotency_key,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "traceparent": traceparent,
+        "tracestate": tracestate,
+    }
+    statements = _statements(conn.dialect.name)
+    if statements.server_clock:
+        params["delay"] = wait or _ZERO
+    else:
+        now = dt.datetime.now(dt.UTC)
+        params["created_at"] = now
+        params["available_at"] = now + wait if wait else now
+    try:
+        if idempotency_key is None:
+            conn.execute(statements.insert, params)
+            result = message_id
+        else:
+            result = _insert_idempotent(conn, statements, params, idempotency_key)
+        if statements.server_clock:
+            _maybe_notify(conn)
+        return result
+    except DBAPIError as exc:
+        if is_missing_table(exc):
+            raise SchemaMissing(SchemaMissing.__doc__) from exc
+        raise
+
+
+_ZERO = dt.timedelta(0)
+NOTIFY_CHANNEL = "outbox_relay"
+_last_notify = -1e9
+
+
+def _maybe_notify(conn: Connection) -> None:
+    """Wake an idle relay when this transaction commits (PostgreSQL delivers NOTIFY at commit,
+    and not at all on rollback), rationed to one per notify_interval per process."""
+    global _last_notify
+    current = settings()
+    if not current.notify:
+        return
+    now = time.monotonic()
+    if now - _last_notify < current.notify_interval:
+        return
+    _last_notify = now
+    conn.exec_driver_sql(f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')")
+
+
+_HAS_KEY = message.c.idempotency_key.isnot(None)
+_COLUMNS = (
+    "id", "exchange", "routing_key", "payload", "content_type", "headers", "key",
+    "idempotency_key", "priority", "max_attempts", "traceparent", "tracestate",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    insert: Insert
+    insert_or_nothing: Insert
+    server_clock: bool
+
+
+@functools.cache
+def _statements(dialect: str) -> _Statements:
+    """Built once per dialect: per call, SQLAlchemy only binds values to a cached compilation."""
+    values: dict[str, Any] = {name: bindparam(name) for name in _COLUMNS}
+    if dialect == "postgresql":
+        # The database clock, the one the relay compares against: an application host whose
+        # clock runs ahead cannot make messages look delayed.
+        now = func.statement_timestamp()
+        values["created_at"] = now
+        values["available_at"] = now + bindparam("delay", type_=Interval())
+        plain = insert(message).values(values)
+        pg_guarded = (
+            postgresql.insert(message)
+            .values(values)
+            .on_conflict_do_nothing(index_elements=["idempotency_key"], index_where=_HAS_KEY)
+        )
+        return _Statements(plain, pg_guarded.returning(message.c.id), server_clock=True)
+    values["created_at"] = bindparam("created_at")
+    values["available_at"] = bindparam("available_at")
+    plain = insert(message).values(values)
+    guarded: Insert
+    if dialect == "sqlite":
+        guarded = (
+            sqlite.insert(message)
+            .values(values)
+            .on_conflict_do_nothing(index_elements=["idempotency_key"], index_where=_HAS_KEY)
+        )
+    else:  # pragma: no cover - other dialects: a duplicate key raises IntegrityError
+        guarded = insert(message).values(values)
+    return _Statements(plain, guarded.returning(message.c.id), server_clock=False)
+
+
+def _connection(db: Db) -> Connection:
+    if isinstance(db, Session):
+        # Session.connection() joins the session's transaction without autoflushing the
+        # caller's pending objects.
+        return db.connection()
+    if isinstance(db, Connection):
+        return db
+    raise OutboxError(f"enqueue needs a SQLAlchemy Session or Connection, not {type(db).__name__}")
+
+
+def _insert_idempotent(
+    conn: Connection, statements: _Statements, params: dict[str, Any], idempotency_key: str
+) -> uuid.UUID:
+    try:
+        inserted = conn.execute(statements.insert_or_nothing, params).scalar()
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) == "40001":  # serialization_failure
+            raise IdempotencyConflict(
+                f"idempotency key {idempotency_key!r} was taken by a transaction that committed "
+                "after this one's snapshot (REPEATABLE READ or SERIALIZABLE); retry the "
+                "transaction"
+            ) from exc
+        raise
+    if inserted is not None:
+        return uuid.UUID(str(inserted))
+    # On PostgreSQL the INSERT waited for a racing transaction holding the same key to commit;
+    # under READ COMMITTED this new statement sees the winner's row.
+    existing = conn.execute(
+        select(message.c.id).where(message.c.idempotency_key == idempotency_key)
+    ).scalar()
+    if existing is None:
+        raise IdempotencyConflict(
+            f"idempotency key {idempotency_key!r} is held by a transaction whose row this one "
+            "cannot see (it committed after this transaction's snapshot was taken); retry the "
+            "transaction"
+        )
+    return uuid.UUID(str(existing))

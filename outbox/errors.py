@@ -1,0 +1,43 @@
+"""The one exception root of the `outbox` package and its subclasses.
+
+Every invalid `enqueue` call raises one of these *before* anything is written, so a caller can
+catch `OutboxError` and know the transaction holds no half-written message.
+"""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Something went wrong in the outbox."""
+
+
+class InvalidMessage(OutboxError, ValueError):
+    """The message given to enqueue is not valid; nothing was written."""
+
+
+class PayloadEncodingError(InvalidMessage):
+    """The payload cannot be encoded to bytes."""
+
+
+class PayloadTooLarge(InvalidMessage):
+    """The encoded payload is larger than the configured limit."""
+
+
+class InvalidHeader(InvalidMessage):
+    """A header name or value is not allowed."""
+
+
+class InvalidDestination(InvalidMessage):
+    """The exchange or routing key cannot be published to."""
+
+
+class InvalidOption(InvalidMessage):
+    """An enqueue option (delay, priority, key, max_attempts, ...) is out of range."""
+
+
+class IdempotencyConflict(OutboxError):
+    """Another transaction holds the same idempotency key and its row is not visible to this one."""
+
+
+class SchemaMissing(OutboxError):
+    """The outbox tables do not exist: run `outbox-relay migrate` or `outbox.create_schema()`."""

@@ -1,0 +1,103 @@
+"""The retry policy and the decision it makes for each settled message.
+
+Decisions are values (`Publish`, `Retry`, `Dead`) that the store applies in one batched UPDATE
+guarded by the lease token.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from relay.core import backoff
+from relay.core.failures import Classified, FailureClass
+
+DEFAULT_PERMANENT = frozenset(
+    {FailureClass.UNROUTABLE, FailureClass.DESTINATION_MISSING, FailureClass.MALFORMED}
+)
+# Failures that are not the message's fault and say nothing about whether it can ever succeed.
+_FREE = frozenset({FailureClass.NEVER_SENT, FailureClass.BACKPRESSURE})
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    base: float = 1.0  # first backoff window, seconds
+    cap: float = 3600.0  # longest backoff window
+    floor: float = 0.5  # shortest backoff
+    max_attempts: int = 10  # default when the message sets none
+    max_attempts_by_exchange: Mapping[str, int] = field(default_factory=dict)
+    max_age: float | None = 7 * 86400.0  # give up on a message this old at its next failure
+    permanent: frozenset[FailureClass] = DEFAULT_PERMANENT
+    backpressure_delay: float = 5.0  # wait this long (jittered) while the broker pushes back
+    requeue_delay: float = 0.5  # at most this long for messages the broker never saw
+
+    def attempts_allowed(self, exchange: str, message_max: int | None) -> int:
+        if message_max is not None:
+            return message_max
+        return self.max_attempts_by_exchange.get(exchange, self.max_attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    seq: int
+    at: dt.datetime
+    burn: bool  # does this failure count against max_attempts?
+    failure: Classified
+
+
+@dataclass(frozen=True, slots=True)
+class Dead:
+    seq: int
+    failure: Classified
+    reason: str
+
+
+Decision = Publish | Retry | Dead
+
+
+@dataclass(frozen=True, slots=True)
+class Attempted:
+    """What the decision needs to know about the message."""
+
+    seq: int
+    exchange: str
+    attempts: int  # including the attempt that just ended
+    max_attempts: int | None
+    created_at: dt.datetime
+
+
+def decide(
+    msg: Attempted,
+    failure: Classified | None,
+    *,
+    policy: RetryPolicy,
+    now: dt.datetime,
+    rng: random.Random,
+) -> Decision:
+    if failure is None:
+        return Publish(msg.seq)
+    cls = failure.cls
+    if cls is FailureClass.MALFORMED or cls in policy.permanent:
+        return Dead(msg.seq, failure, f"{cls.value} (permanent): {failure.detail}")
+    if cls in _FREE:
+        wait = (
+            policy.backpressure_delay if cls is FailureClass.BACKPRESSURE else policy.requeue_delay
+        )
+        return Retry(msg.seq, now + dt.timedelta(seconds=rng.uniform(0, wait)), False, failure)
+    allowed = policy.attempts_allowed(msg.exchange, msg.max_attempts)
+    if msg.attempts >= allowed:
+        return Dead(msg.seq, failure, f"gave up after {msg.attempts} attempts: {failure.detail}")
+    age = (now - msg.created_at).total_seconds()
+    if policy.max_age is not None and age >= policy.max_age:
+        return Dead(
+            msg.seq, failure, f"older than max age ({policy.max_age:.0f} s): {failure.detail}"
+        )
+    wait = backoff.delay(msg.attempts, rng, base=policy.base, cap=policy.cap, floor=policy.floor)
+    return Retry(msg.seq, now + dt.timedelta(seconds=wait), True, failure)

@@ -1,0 +1,313 @@
+"""Operator commands: messages, show, replay, discard, cancel (and per-exchange status).
+
+Each prints a readable table, or JSON with --json; bad usage exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+from tqdm import tqdm
+
+from outbox.states import State
+from relay.config import RelayConfig
+from relay.durations import parse_moment
+from relay.errors import ConfigError
+from relay.store import admin
+from relay.store.sql_store import make_engine, translate_db_error
+
+BULK_CHUNK = 500
+
+
+def _uuid(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a message id (a UUID)") from None
+
+
+def _states(raw: str) -> list[str]:
+    names = [s.strip() for s in raw.split(",") if s.strip()]
+    known = [s.value for s in State]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown state {', '.join(bad) or repr(raw)} (known: {', '.join(known)})"
+        )
+    return names
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state", type=_states, action="extend", default=[],
+                   help="state(s), comma-separated or repeated")  # fmt: skip
+    p.add_argument("--exchange")
+    p.add_argument("--routing-key")
+    p.add_argument("--key", help="ordering key")
+    for name in ("created-since", "created-until", "failed-since", "failed-until"):
+        p.add_argument(f"--{name}", metavar="WHEN",
+                       help="a duration ago (2h, 7d) or an ISO timestamp")  # fmt: skip
+    p.add_argument("--error-contains", metavar="TEXT", help="last error contains TEXT")
+
+
+def add_parsers(sub: Any) -> None:
+    messages = sub.add_parser("messages", help="list messages, newest first, with filters")
+    _add_filters(messages)
+    messages.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    messages.add_argument("--json", action="store_true")
+
+    show = sub.add_parser("show", help="one message: fields, headers and attempt history")
+    show.add_argument("id", type=_uuid)
+    show.add_argument("--json", action="store_true")
+
+    for name, what in (
+        ("replay", "send dead (or discarded, cancelled) messages again, same message id"),
+        ("discard", "dead to discarded: never sent, kept for audit until retention"),
+    ):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("ids", nargs="*", type=_uuid, metavar="ID")
+        _add_filters(p)
+        p.add_argument(
+            "--dry-run", action="store_true", help="say what would change, change nothing"
+        )
+        p.add_argument("--json", action="store_true")
+
+    cancel = sub.add_parser("cancel", help="stop pending messages from being sent")
+    cancel.add_argument("ids", nargs="+", type=_uuid, metavar="ID")
+    cancel.add_argument("--json", action="store_true")
+
+
+def _filter(args: argparse.Namespace, now: dt.datetime) -> admin.MessageFilter:
+    def when(name: str) -> dt.datetime | None:
+        raw = getattr(args, name)
+        if raw is None:
+            return None
+        try:
+            return parse_moment(raw, now)
+        except ValueError as exc:
+            raise ConfigError(f"--{name.replace('_', '-')}: {exc}") from None
+
+    return admin.MessageFilter(
+        states=args.state,
+        exchange=args.exchange,
+        routing_key=args.routing_key,
+        key=args.key,
+        created_since=when("created_since"),
+        created_until=when("created_until"),
+        failed_since=when("failed_since"),
+        failed_until=when("failed_until"),
+        error_contains=args.error_contains,
+    )
+
+
+@contextmanager
+def operator_engine(config: RelayConfig) -> Iterator[Engine]:
+    """An engine for one command, with driver errors translated as the relay's store does."""
+    engine = make_engine(config.db_url, autocommit=False, pool_size=1)
+    try:
+        yield engine
+    except DBAPIError as exc:
+        translated = translate_db_error(engine, exc)
+        if translated is not None:
+            raise translated from None
+        raise
+    finally:
+        engine.dispose()
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _iso(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, bytes | memoryview):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _short(text: Any, width: int) -> str:
+    s = "-" if text is None else " ".join(str(text).split())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def cmd_messages(config: RelayConfig, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise ConfigError("--limit must be at least 1")
+    with operator_engine(config) as engine:
+        rows = admin.list_messages(engine, _filter(args, utc_now()), args.limit)
+    if args.json:
+        print(json.dumps([_jsonable(r) for r in rows]))
+        return 0
+    print(table(
+        [
+            [str(r["id"]), r["state"], str(r["attempts"]), _short(r["exchange"], 24),
+             _short(r["routing_key"], 24), _iso(r["created_at"]), _short(r["last_error"], 60)]
+            for r in rows
+        ],
+        ["id", "state", "att", "exchange", "routing key", "created", "last error"],
+    ))  # fmt: skip
+    if len(rows) == args.limit:
+        print(f"(first {args.limit}; raise --limit for more)", file=sys.stderr)
+    return 0
+
+
+def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
+    with operator_engine(config) as engine:
+        found = admin.get_message(engine, args.id)
+    if found is None:
+        print(f"outbox-relay: show: no message with id {args.id}", file=sys.stderr)
+        return 1
+    payload: bytes = bytes(found.pop("payload"))
+    if args.json:
+        out = _jsonable(found)
+        try:
+            out["payload"] = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            out["payload"] = None
+        out["payload_bytes"] = len(payload)
+        print(json.dumps(out))
+        return 0
+    history = found.pop("attempt_history")
+    fields = [
+        "id", "state", "exchange", "routing_key", "key", "content_type", "priority", "attempts",
+        "max_attempts", "created_at", "available_at", "published_at", "last_failed_at",
+        "last_error", "replay_count", "replayed_at", "idempotency_key", "traceparent",
+        "lease_owner", "lease_expires_at",
+    ]  # fmt: skip
+    width = max(len(f) for f in fields)
+    for f in fields:
+        print(f"{f:<{width}}  {_iso(found.get(f))}")
+    headers = found.get("headers") or {}
+    print(f"{'headers':<{width}}  " + (json.dumps(headers) if headers else "-"))
+    try:
+        text = payload.decode("utf-8")
+        preview = text if len(text) <= 2000 else text[:2000] + f"… ({len(payload)} bytes)"
+    except UnicodeDecodeError:
+        preview = f"<{len(payload)} bytes of binary>"
+    print(f"{'payload':<{width}}  {preview}")
+    print()
+    print(table(
+        [[str(h["attempt"]), _iso(h["at"]), h["outcome"], h["failure_class"],
+          _short(h["relay_id"], 24), _iso(h["next_attempt_at"]), _short(h["error"], 70)]
+         for h in history],
+        ["attempt", "at", "outcome", "class", "by", "next attempt", "error"],
+    ) if history else "no failed attempts")  # fmt: skip
+    return 0
+
+
+def _bulk(
+    config: RelayConfig,
+    args: argparse.Namespace,
+    verb: str,
+    action: Callable[..., list[uuid.UUID]],
+    default_states: Sequence[str],
+) -> int:
+    has_filter = any(
+        getattr(args, n) is not None
+        for n in ("exchange", "routing_key", "key", "created_since", "created_until",
+                  "failed_since", "failed_until", "error_contains")
+    ) or bool(args.state)  # fmt: skip
+    if args.ids and has_filter:
+        raise ConfigError(f"{verb}: give message ids or filters, not both")
+    if not args.ids and not args.state:
+        raise ConfigError(f"{verb}: give message ids, or --state {default_states[0]} [filters]")
+    now = utc_now()
+    with operator_engine(config) as engine:
+        ids = list(args.ids) if args.ids else admin.matching_ids(engine, _filter(args, now))
+        if args.dry_run:
+            matched = admin.list_messages(
+                engine, admin.MessageFilter(ids=ids, states=list(default_states)), len(ids) or 1
+            ) if ids else []  # fmt: skip
+            if args.json:
+                print(
+                    json.dumps({"dry_run": True, "would_" + verb: [str(r["id"]) for r in matched]})
+                )
+            else:
+                print(f"would {verb} {len(matched)} message(s) (dry run; nothing changed)")
+            return 0
+        changed: list[uuid.UUID] = []
+        with tqdm(total=len(ids), desc=verb, unit="msg", file=sys.stderr,
+                  disable=not sys.stderr.isatty() or len(ids) <= BULK_CHUNK) as bar:  # fmt: skip
+            for start in range(0, len(ids), BULK_CHUNK):
+                chunk = ids[start : start + BULK_CHUNK]
+                changed += action(engine, chunk, now=now, by=f"operator:{verb}")
+                bar.update(len(chunk))
+    skipped = len(ids) - len(changed)
+    past = {"replay": "replayed", "discard": "discarded"}[verb]
+    if args.json:
+        print(json.dumps({past: [str(i) for i in changed], "skipped": skipped}))
+    else:
+        note = f" ({skipped} skipped: not in a state this command changes)" if skipped else ""
+        print(f"{past} {len(changed)} message(s){note}")
+    return 0
+
+
+def cmd_replay(config: RelayConfig, args: argparse.Namespace) -> int:
+    return _bulk(config, args, "replay", admin.replay, admin.REPLAYABLE)
+
+
+def cmd_discard(config: RelayConfig, args: argparse.Namespace) -> int:
+    return _bulk(config, args, "discard", admin.discard, (State.DEAD.value,))
+
+
+def cmd_cancel(config: RelayConfig, args: argparse.Namespace) -> int:
+    with operator_engine(config) as engine:
+        results = admin.cancel(engine, list(args.ids), now=utc_now(), by="operator:cancel")
+    if args.json:
+        print(json.dumps({str(k): v for k, v in results.items()}))
+    else:
+        for message_id, state in results.items():
+            if state == "cancelled":
+                print(f"{message_id}  cancelled: it will not be sent")
+            elif state == "not found":
+                print(f"{message_id}  not found")
+            else:
+                print(f"{message_id}  too late: the message is {state}")
+    return 0 if all(s == "cancelled" for s in results.values()) else 1
+
+
+def per_exchange(config: RelayConfig) -> list[dict[str, Any]]:
+    with operator_engine(config) as engine:
+        return admin.per_exchange(engine, utc_now())
+
+
+COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], int]] = {
+    "messages": cmd_messages,
+    "show": cmd_show,
+    "replay": cmd_replay,
+    "discard": cmd_discard,
+    "cancel": cmd_cancel,
+}

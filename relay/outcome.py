@@ -1,0 +1,26 @@
+"""What became of each message handed to the broker. Pure values; no pika types leak out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Fate(StrEnum):
+    """Named by what the broker may already have received."""
+
+    CONFIRMED = "confirmed"  # basic.ack and no basic.return: the broker has it
+    REJECTED = "rejected"  # basic.nack: the broker refused it
+    UNROUTABLE = "unroutable"  # basic.return (mandatory): no queue took it
+    NOT_SENT = "not_sent"  # never handed to the broker (no channel, or could not be built)
+    UNCONFIRMED = "unconfirmed"  # sent, but the channel or connection died before a confirm
+    DESTINATION_MISSING = "destination_missing"  # 404 NOT_FOUND: the exchange does not exist
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    ref: int  # the caller's handle for the message (the row's seq)
+    fate: Fate
+    detail: str = ""
+    while_blocked: bool = False  # the connection was blocked by a resource alarm at the time
+    malformed: bool = False  # the row could not be turned into a message

@@ -1,0 +1,393 @@
+"""Everything pika: one connection in its own IO thread, publisher confirms streamed.
+
+Many messages are in flight at once (pika's asynchronous adapter; a BlockingConnection waits for
+each confirm and tops out near a fifth of the rate). The relay hands over whole batches with
+`publish()`; once every message of a batch is settled, `done` is called with one `Outcome` per
+message. Nothing outside this module knows what a delivery tag is.
+
+Each exchange gets its own confirm channel: publishing to a missing exchange makes the broker
+close the channel (404), and with one channel per exchange that takes down only the messages
+that were going there, never the other destinations' messages in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import random
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pika
+from pika import spec
+from pika.adapters.select_connection import IOLoop, SelectConnection
+from pika.exceptions import ChannelClosedByBroker, UnsupportedAMQPFieldException
+
+from relay import amqp_values
+from relay.config import redact
+from relay.errors import BrokerUnavailable
+from relay.outcome import Fate, Outcome
+
+log = logging.getLogger("relay.publisher")
+amqp_values.install()
+
+# What basic_publish raises when the message itself cannot be encoded (as opposed to a channel
+# that is closing): such a message would fail the same way forever.
+_ENCODING_ERRORS = (TypeError, ValueError, struct.error, UnsupportedAMQPFieldException)
+
+Done = Callable[[list[Outcome]], None]
+
+# AMQP allows 2047 channels per connection by default; idle ones beyond this are closed.
+MAX_CHANNELS = 256
+
+
+@dataclass(slots=True)
+class Outgoing:
+    ref: int
+    message_id: str
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: Any  # pika.BasicProperties
+
+
+@dataclass(slots=True, eq=False)
+class _Batch:
+    items: Sequence[Outgoing]
+    done: Done
+    sent_at: float
+    outcomes: list[Outcome | None] = field(default_factory=list)
+    remaining: int = 0
+
+
+Entry = tuple[_Batch, int]
+
+
+@dataclass(slots=True, eq=False)
+class _Chan:
+    """The confirm channel of one exchange, and what is waiting on it."""
+
+    exchange: str
+    channel: Any = None  # set once confirm mode is on
+    next_tag: int = 0
+    unconfirmed: dict[int, Entry] = field(default_factory=dict)
+    queued: list[Entry] = field(default_factory=list)  # waiting for the channel to open
+
+
+class Publisher:
+    """A confirmed-publish pipeline over one AMQP connection, reconnecting on its own."""
+
+    def __init__(
+        self,
+        amqp_url: str,
+        *,
+        confirm_timeout: float = 30.0,
+        reconnect_max_delay: float = 15.0,
+        blocked_timeout: float = 300.0,
+        name: str = "outbox-relay",
+    ) -> None:
+        params = pika.URLParameters(amqp_url)
+        params.client_properties = {"connection_name": name}
+        # pika's default is to wait forever while the broker blocks publishers (resource alarm).
+        params.blocked_connection_timeout = blocked_timeout
+        params.connection_attempts = 1
+        params.socket_timeout = 5
+        self._params = params
+        self._url = redact(amqp_url)
+        self._confirm_timeout = confirm_timeout
+        self._reconnect_max = reconnect_max_delay
+        self._ioloop = IOLoop()
+        self._thread: threading.Thread | None = None
+        self._conn: Any = None
+        self._chans: OrderedDict[str, _Chan] = OrderedDict()  # least recently used first
+        self._returned: dict[str, str] = {}
+        self._stopping = False
+        self._failures = 0
+        self._first_attempt = threading.Event()
+        self._first_error: str | None = None
+        self.ready = False  # read by other threads; a plain bool is atomic enough
+        self.blocked = False
+
+    # ----------------------------------------------------------------- other threads' API
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Connect; raise BrokerUnavailable if that fails."""
+        self._thread = threading.Thread(target=self._run, name="publisher-io", daemon=True)
+        self._thread.start()
+        self._ioloop.add_callback_threadsafe(self._connect)
+        if not self._first_attempt.wait(timeout):
+            self.stop(1.0)
+            raise BrokerUnavailable(f"broker {self._url} did not answer within {timeout:.0f} s")
+        if self._first_error is not None:
+            self.stop(1.0)
+            raise BrokerUnavailable(f"cannot connect to broker {self._url}: {self._first_error}")
+
+    def publish(self, items: Sequence[Outgoing], done: Done) -> None:
+        """Publish a batch; `done(outcomes)` is called from the IO thread once all are settled."""
+        batch = _Batch(items, done, time.monotonic())
+        self._ioloop.add_callback_threadsafe(lambda: self._publish(batch))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the connection; unsettled messages are reported UNCONFIRMED or NOT_SENT."""
+        if self._thread is None:
+            return
+        self._ioloop.add_callback_threadsafe(self._shutdown)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            # The loop's wake-up socket pair is ours to close once the loop has stopped.
+            with contextlib.suppress(Exception):
+                self._ioloop.close()
+        self._thread = None
+
+    # ----------------------------------------------------------------- connection
+
+    def _run(self) -> None:
+        self._ioloop.call_later(1.0, self._check_confirm_timeouts)
+        try:
+            self._ioloop.start()
+        finally:
+            self._fail_everything("publisher stopped before the broker confirmed")
+
+    def _connect(self) -> None:
+        if self._stopping:
+            return
+        self._conn = SelectConnection(
+            parameters=self._params,
+            on_open_callback=self._on_connection_open,
+            on_open_error_callback=self._on_connection_open_error,
+            on_close_callback=self._on_connection_closed,
+            custom_ioloop=self._ioloop,
+        )
+
+    def _on_connection_open(self, conn: Any) -> None:
+        self.blocked = False  # a new connection starts unblocked; the broker re-sends the alarm
+        conn.add_on_connection_blocked_callback(self._on_blocked)
+        conn.add_on_connection_unblocked_callback(self._on_unblocked)
+        self._failures = 0
+        self.ready = True
+        log.info("broker.connected", extra={"broker": self._url})
+        self._first_attempt.set()
+
+    def _on_connection_open_error(self, _conn: Any, err: BaseException) -> None:
+        self._lost(f"connection failed: {str(err) or repr(err)}")
+
+    def _on_connection_closed(self, _conn: Any, reason: BaseException) -> None:
+        self._conn = None
+        if self._stopping:
+            self._fail_everything("publisher stopped before the broker confirmed")
+            self._ioloop.stop()
+            return
+        self._lost(f"connection closed: {reason}")
+
+    def _lost(self, why: str) -> None:
+        self.ready = False
+        self._fail_everything(why)
+        if not self._first_attempt.is_set():
+            self._first_error = why
+            self._first_attempt.set()
+            return
+        if self._stopping:
+            self._ioloop.stop()
+            return
+        self._failures += 1
+        # Full jitter, so several relays losing the same broker do not reconnect in lockstep.
+        delay = random.uniform(0.5, min(self._reconnect_max, 0.5 * 2**self._failures))
+        log.warning("broker.lost", extra={"broker": self._url, "error": why, "retry_in": delay})
+        self._ioloop.call_later(delay, self._connect)
+
+    def _on_blocked(self, _conn: Any, _frame: Any) -> None:
+        self.blocked = True
+        log.warning("broker.blocked", extra={"broker": self._url})
+
+    def _on_unblocked(self, _conn: Any, _frame: Any) -> None:
+        self.blocked = False
+        log.info("broker.unblocked", extra={"broker": self._url})
+
+    # ----------------------------------------------------------------- channels
+
+    def _chan(self, exchange: str) -> _Chan:
+        chan = self._chans.get(exchange)
+        if chan is not None:
+            self._chans.move_to_end(exchange)
+            return chan
+        if len(self._chans) >= MAX_CHANNELS:
+            self._close_idle_channel()
+        chan = _Chan(exchange)
+        self._chans[exchange] = chan
+        self._conn.channel(on_open_callback=lambda ch: self._on_channel_open(chan, ch))
+        return chan
+
+    def _close_idle_channel(self) -> None:
+        for exchange, chan in self._chans.items():
+            if chan.channel is not None and not chan.unconfirmed and not chan.queued:
+                del self._chans[exchange]
+                with contextlib.suppress(Exception):  # already closing is fine
+                    chan.channel.close()
+                return
+
+    def _on_channel_open(self, chan: _Chan, channel: Any) -> None:
+        channel.add_on_close_callback(lambda ch, reason: self._on_channel_closed(chan, reason))
+        channel.add_on_return_callback(self._on_return)
+        channel.confirm_delivery(
+            lambda frame: self._on_confirm(chan, frame),
+            callback=lambda _frame: self._on_confirm_ok(chan, channel),
+        )
+
+    def _on_confirm_ok(self, chan: _Chan, channel: Any) -> None:
+        if self._chans.get(chan.exchange) is not chan:
+            return  # replaced while opening (the connection was lost meanwhile)
+        chan.channel = channel
+        chan.next_tag = 0
+        queued, chan.queued = chan.queued, []
+        for batch, i in queued:
+            self._send(chan, batch, i)
+
+    def _on_channel_closed(self, chan: _Chan, reason: BaseException) -> None:
+        if self._chans.get(chan.exchange) is chan:
+            del self._chans[chan.exchange]
+        if isinstance(reason, ChannelClosedByBroker) and reason.reply_code == 404:
+            text = str(reason.reply_text)
+            log.warning("broker.destination_missing", extra={"exchange": chan.exchange})
+            self._fail_chan(chan, Fate.DESTINATION_MISSING, text, Fate.DESTINATION_MISSING)
+        else:
+            self._fail_chan(chan, Fate.UNCONFIRMED, f"channel closed: {reason}", Fate.NOT_SENT)
+
+    # ----------------------------------------------------------------- publishing
+
+    def _publish(self, batch: _Batch) -> None:
+        n = len(batch.items)
+        batch.outcomes = [None] * n
+        batch.remaining = n
+        if n == 0:
+            batch.done([])
+            return
+        if self._conn is None or not self._conn.is_open or self._stopping:
+            why = "connection blocked" if self.blocked else "no connection to the broker"
+            for i, item in enumerate(batch.items):
+                self._settle(
+                    batch, i, Outcome(item.ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
+                )
+            return
+        chan: _Chan | None = None
+        for i, item in enumerate(batch.items):
+            if chan is None or chan.exchange != item.exchange:
+                chan = self._chan(item.exchange)
+            if chan.channel is None:
+                chan.queued.append((batch, i))
+            else:
+                self._send(chan, batch, i)
+
+    def _send(self, chan: _Chan, batch: _Batch, i: int) -> None:
+        item = batch.items[i]
+        try:
+            chan.channel.basic_publish(
+                item.exchange, item.routing_key, item.body, item.properties, True
+            )
+        except _ENCODING_ERRORS as exc:
+            reason = f"cannot encode message: {exc!r}"
+            self._settle(batch, i, Outcome(item.ref, Fate.NOT_SENT, reason, malformed=True))
+            return
+        except Exception as exc:
+            reason = f"publish failed: {exc!r}"
+            outcome = Outcome(item.ref, Fate.NOT_SENT, reason, while_blocked=self.blocked)
+            self._settle(batch, i, outcome)
+            return
+        chan.next_tag += 1
+        chan.unconfirmed[chan.next_tag] = (batch, i)
+
+    def _on_return(self, _ch: Any, method: Any, properties: Any, _body: bytes) -> None:
+        # basic.return arrives before the basic.ack of the same message.
+        if properties.message_id:
+            self._returned[properties.message_id] = (
+                f"{method.reply_code} {method.reply_text}: exchange {method.exchange!r} "
+                f"routing key {method.routing_key!r}"
+            )
+
+    def _on_confirm(self, chan: _Chan, frame: Any) -> None:
+        method = frame.method
+        tag: int = method.delivery_tag
+        ack = isinstance(method, spec.Basic.Ack)
+        if method.multiple:
+            tags = list(itertools.takewhile(lambda t: t <= tag, chan.unconfirmed))
+        else:
+            tags = [tag]
+        for t in tags:
+            entry = chan.unconfirmed.pop(t, None)
+            if entry is None:
+                continue
+            batch, i = entry
+            item = batch.items[i]
+            returned = self._returned.pop(item.message_id, None)
+            if returned is not None:
+                outcome = Outcome(item.ref, Fate.UNROUTABLE, returned)
+            elif ack:
+                outcome = Outcome(item.ref, Fate.CONFIRMED)
+            else:
+                outcome = Outcome(item.ref, Fate.REJECTED, "basic.nack from broker")
+            self._settle(batch, i, outcome)
+
+    def _settle(self, batch: _Batch, i: int, outcome: Outcome) -> None:
+        if batch.outcomes[i] is not None:
+            return
+        batch.outcomes[i] = outcome
+        batch.remaining -= 1
+        if batch.remaining == 0:
+            batch.done([o for o in batch.outcomes if o is not None])
+
+    # ----------------------------------------------------------------- failures
+
+    def _fail_chan(self, chan: _Chan, sent_fate: Fate, why: str, queued_fate: Fate) -> None:
+        blocked = self.blocked
+        unconfirmed, chan.unconfirmed = chan.unconfirmed, {}
+        queued, chan.queued = chan.queued, []
+        for entries, fate in ((unconfirmed.values(), sent_fate), (queued, queued_fate)):
+            for batch, i in entries:
+                item = batch.items[i]
+                self._returned.pop(item.message_id, None)
+                self._settle(batch, i, Outcome(item.ref, fate, why, while_blocked=blocked))
+
+    def _fail_everything(self, why: str) -> None:
+        chans = list(self._chans.values())
+        self._chans.clear()
+        for chan in chans:
+            self._fail_chan(chan, Fate.UNCONFIRMED, why, Fate.NOT_SENT)
+        self._returned.clear()
+
+    def _check_confirm_timeouts(self) -> None:
+        now = time.monotonic()
+        for chan in list(self._chans.values()):
+            oldest = next(iter(chan.unconfirmed.values()), None)
+            if oldest is None or now - oldest[0].sent_at <= self._confirm_timeout:
+                continue
+            # Settle the channel's messages now (a blocked broker would not even answer a
+            # channel.close) and publish further messages on a fresh channel; the relay
+            # republishes these with the same message ids. Late confirms land on the old
+            # channel object and are ignored.
+            log.warning(
+                "broker.confirm_timeout", extra={"broker": self._url, "exchange": chan.exchange}
+            )
+            if self._chans.get(chan.exchange) is chan:
+                del self._chans[chan.exchange]
+            why = f"no confirm within {self._confirm_timeout:g} s"
+            self._fail_chan(chan, Fate.UNCONFIRMED, why, Fate.NOT_SENT)
+            with contextlib.suppress(Exception):  # already closing is fine
+                chan.channel.close()
+        if not self._stopping:
+            self._ioloop.call_later(1.0, self._check_confirm_timeouts)
+
+    def _shutdown(self) -> None:
+        self._stopping = True
+        self.ready = False
+        if self._conn is not None and not self._conn.is_closed:
+            try:
+                self._conn.close()
+                return  # _on_connection_closed stops the loop
+            except Exception:  # noqa: S110 - fall through to stopping the loop
+                pass
+        self._ioloop.stop()

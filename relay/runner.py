@@ -1,0 +1,89 @@
+"""Wires the relay's parts together for `outbox-relay run`, and handles signals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from types import FrameType
+
+from outbox.migrate import current_version
+from outbox.schema import SCHEMA_VERSION
+from relay.config import RelayConfig
+from relay.errors import SchemaNotFound
+from relay.publisher import Publisher
+from relay.relay import Relay
+from relay.store.sql_store import SqlStore, open_store
+from relay.wakeup import listener_for
+
+log = logging.getLogger("relay")
+
+
+class _Abort(BaseException):
+    """Raised by the second signal: stop now."""
+
+
+def check_schema(store: SqlStore) -> None:
+    """Fail fast, with a clear message, when the schema is missing or older than this relay."""
+    with store.engine.connect() as conn:
+        version = current_version(conn)
+    if version == 0:
+        raise SchemaNotFound("the outbox tables do not exist: run `outbox-relay migrate`")
+    if version < SCHEMA_VERSION:
+        raise SchemaNotFound(
+            f"the outbox schema is version {version}, this relay needs {SCHEMA_VERSION}: "
+            "run `outbox-relay migrate`"
+        )
+
+
+def build_relay(config: RelayConfig) -> Relay:
+    store = open_store(config.db_url, dead_key=config.dead_key)
+    check_schema(store)
+    publisher = Publisher(
+        config.amqp_url,
+        confirm_timeout=config.confirm_timeout,
+        name=f"outbox-relay {config.relay_id}",
+    )
+    publisher.start()
+    return Relay(store, publisher, config)
+
+
+def run_relay(config: RelayConfig) -> int:
+    relay = build_relay(config)
+    signals = 0
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            relay.request_stop()
+        else:
+            raise _Abort
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    listener = listener_for(config.db_url, relay.wake) if config.listen else None
+    if listener is not None:
+        listener.start()
+    try:
+        relay.run()
+    except Exception:
+        # A bug or an unexpected database error: say so and exit non-zero. Leased rows come
+        # back when their lease expires, so nothing is lost.
+        log.exception("relay.crashed")
+        relay.release_all("relay crashed")
+        return 1
+    except _Abort:
+        # Leave at once. Rows still leased are released so another relay can take them now;
+        # any this fails to release come back when their lease expires. Nothing is lost.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        released = relay.release_all("relay interrupted by a second signal")
+        log.warning("relay.aborted", extra={"released": released})
+        logging.shutdown()
+        os._exit(1)
+    finally:
+        if listener is not None:
+            listener.stop()
+        relay.store.close()
+    return 0

@@ -1,0 +1,79 @@
+"""The port between the relay loop and its database: plain values in, plain values out."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from relay.core.policy import Dead, Retry
+from relay.retention_loop import RetentionPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A row the relay holds under a lease, with everything needed to publish it."""
+
+    seq: int
+    id: uuid.UUID
+    exchange: str
+    routing_key: str
+    payload: bytes
+    content_type: str
+    headers: Mapping[str, Any] | None
+    key: str | None
+    priority: int
+    attempts: int  # including the attempt this claim starts
+    max_attempts: int | None
+    available_at: dt.datetime
+    created_at: dt.datetime
+    traceparent: str | None
+    tracestate: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StateCounts:
+    by_state: Mapping[str, int]
+    ready: int  # pending and due now
+    delayed: int  # pending, due later
+    oldest_ready_age_s: float | None  # how long the longest-waiting due message has been due
+
+
+class Store(Protocol):
+    def claim(
+        self, *, owner: str, token: uuid.UUID, limit: int, lease_seconds: float
+    ) -> list[Claimed]:
+        """Lease up to `limit` ready rows to `token`, highest priority and oldest due first."""
+
+    def mark_published(self, token: uuid.UUID, seqs: Sequence[int]) -> int:
+        """Mark rows published, only where `token` still holds their lease; return rows changed."""
+
+    def release(
+        self, token: uuid.UUID, seqs: Sequence[int], *, delay_seconds: float, error: str
+    ) -> int:
+        """Give rows back for a later attempt, only where `token` still holds their lease."""
+
+    def unpark_sweep(self) -> int:
+        """Unpark the next message of every key whose parked messages nothing blocks any more."""
+
+    def extend_leases(self, tokens: Sequence[uuid.UUID], lease_seconds: float) -> int:
+        """Push back the expiry of every row still leased to one of `tokens`."""
+
+    def settle_failures(
+        self, token: uuid.UUID, decisions: Sequence[Retry | Dead], *, relay_id: str
+    ) -> int:
+        """Apply retry/dead decisions where `token` still holds the lease; record the attempts."""
+
+    def reclaim_expired(self, *, relay_id: str = "", max_attempts: int = 10) -> int:
+        """Return rows whose lease expired (their relay died or stalled) to the ready set."""
+
+    def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
+        """One bounded retention pass: delete the terminal messages `policy` says have expired."""
+
+    def counts(self) -> StateCounts: ...
+
+    def ping(self) -> None: ...
+
+    def close(self) -> None: ...

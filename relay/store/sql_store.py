@@ -1,0 +1,434 @@
+"""Runs the statements of `postgres_sql` / `sqlite_sql` and turns rows into plain values.
+
+Driver errors are translated here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Connection,
+    DateTime,
+    Engine,
+    Integer,
+    LargeBinary,
+    String,
+    TextClause,
+    TextualSelect,
+    Uuid,
+    bindparam,
+    create_engine,
+    event,
+    text,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from outbox.schema import is_missing_table
+from relay.config import parse_db_url, redact
+from relay.core.failures import DbFailure, FailureClass, classify_db_error
+from relay.core.policy import Dead, Retry
+from relay.errors import DatabaseUnavailable, RelayError, SchemaNotFound
+from relay.retention_loop import RetentionPolicy, run_retention_once
+from relay.store import postgres_sql, sqlite_sql
+from relay.store.base import Claimed, StateCounts
+from relay.store.sqlite_tx import sqlite_transaction
+
+_Time = DateTime(timezone=True)
+_CLAIM_COLUMNS: dict[str, Any] = {
+    "seq": BigInteger(),
+    "id": Uuid(),
+    "exchange": String(),
+    "routing_key": String(),
+    "payload": LargeBinary(),
+    "content_type": String(),
+    "headers": JSON().with_variant(postgresql.JSON(), "postgresql"),
+    "key": String(),
+    "priority": Integer(),
+    "attempts": Integer(),
+    "max_attempts": Integer(),
+    "available_at": _Time,
+    "created_at": _Time,
+    "traceparent": String(),
+    "tracestate": String(),
+}
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    # SQLite hands back naive datetimes; everything this project writes is UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+class SqlStore:
+    """The relay's store on a SQLAlchemy engine (PostgreSQL or SQLite)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        now: Callable[[], dt.datetime] | None = None,
+        dead_key: str = "hold",
+    ) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self._sql: ModuleType = postgres_sql if self.dialect == "postgresql" else sqlite_sql
+        self._pg = self.dialect == "postgresql"
+        # SQLite has no server clock worth the name; PostgreSQL's now() is the one clock every
+        # relay shares, so it is used there.
+        self._now = now or (lambda: dt.datetime.now(dt.UTC))
+        if dead_key not in ("hold", "skip"):
+            raise ValueError(f"dead_key must be 'hold' or 'skip', not {dead_key!r}")
+        hold = dead_key == "hold"
+        if self._pg:
+            claim_sql = postgres_sql.CLAIM_HOLD if hold else postgres_sql.CLAIM_SKIP
+        else:
+            claim_sql = sqlite_sql.CLAIM
+            keyed = sqlite_sql.SELECT_KEYED_HOLD if hold else sqlite_sql.SELECT_KEYED_SKIP
+            self._select_unkeyed = self._stmt(sqlite_sql.SELECT_UNKEYED, now=_Time)
+            self._select_keyed = self._stmt(keyed, now=_Time)
+            self._park = text(sqlite_sql.PARK)
+            self._unpark_next = text(sqlite_sql.UNPARK_NEXT)
+        self._claim = self._stmt(claim_sql, token=Uuid(), now=_Time, expires=_Time).columns(
+            **_CLAIM_COLUMNS
+        )
+        self._unpark_sweep = text(
+            self._sql.UNPARK_SWEEP_HOLD if hold else self._sql.UNPARK_SWEEP_SKIP
+        )
+        self._mark = self._stmt(self._sql.MARK_PUBLISHED, token=Uuid(), now=_Time)
+        self._release = self._stmt(self._sql.RELEASE, token=Uuid(), available_at=_Time)
+        if self._pg:
+            self._settle_failures = self._stmt(self._sql.SETTLE_FAILURES, token=Uuid())
+        else:
+            self._settle_one = self._stmt(
+                self._sql.SETTLE_ONE, token=Uuid(), now=_Time, available_at=_Time
+            )
+            self._insert_attempt = self._stmt(
+                self._sql.INSERT_ATTEMPT, message_id=Uuid(), now=_Time, next_at=_Time
+            )
+        self._extend = self._stmt(self._sql.EXTEND_LEASES, expires=_Time)
+        reclaim = self._stmt(self._sql.RECLAIM_EXPIRED, now=_Time)
+        # SQLite returns the reclaimed rows (their attempt records are written from here).
+        self._reclaim: TextClause | TextualSelect = (
+            reclaim
+            if self._pg
+            else reclaim.columns(id=Uuid(), attempts=Integer(), last_error=String(), state=String())
+        )
+        self._count_by_state = text(self._sql.COUNT_BY_STATE)
+        self._pending = self._stmt(self._sql.PENDING_SUMMARY, now=_Time)
+
+    def _stmt(self, sql: str, **types: Any) -> TextClause:
+        clause = text(sql)
+        wanted = [bindparam(name, type_=t) for name, t in types.items() if f":{name}" in sql]
+        return clause.bindparams(*wanted) if wanted else clause
+
+    @contextmanager
+    def _conn(self) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except DBAPIError as exc:
+            translated = translate_db_error(self.engine, exc)
+            if translated is not None:
+                raise translated from exc
+            raise
+
+    def _seqs(self, seqs: Sequence[int]) -> Any:
+        return list(seqs) if self._pg else json.dumps(list(seqs))
+
+    def claim(
+        self, *, owner: str, token: uuid.UUID, limit: int, lease_seconds: float
+    ) -> list[Claimed]:
+        now = self._now()
+        params: dict[str, Any] = {"owner": owner, "token": token, "limit": limit}
+        # Keyed candidates scanned per claim: heads are leased, the rest parked for good.
+        scan = limit * 2
+        if self._pg:
+            params.update(lease_seconds=lease_seconds, scan=scan)
+            with self._conn() as conn:
+                rows = conn.execute(self._claim, params).all()
+        else:
+            params.update(now=now, expires=now + dt.timedelta(seconds=lease_seconds))
+            with self._conn() as conn, sqlite_transaction(conn):
+                window = {"now": now, "limit": limit}
+                candidates = [tuple(r) for r in conn.execute(self._select_unkeyed, window)]
+                parked: list[int] = []
+                for seq, priority, available_at, head in conn.execute(
+                    self._select_keyed, {"now": now, "scan": scan}
+                ):
+                    if head:
+                        candidates.append((seq, priority, available_at))
+                    else:
+                        parked.append(seq)
+                if parked:
+                    conn.execute(self._park, {"seqs": json.dumps(parked)})
+                # available_at is the stored text here, which sorts as time does.
+                candidates.sort(key=lambda c: (-c[1], str(c[2]), c[0]))
+                params["seqs"] = json.dumps([c[0] for c in candidates[:limit]])
+                rows = conn.execute(self._claim, params).all()
+        claimed = [
+            Claimed(
+                seq=r[0],
+                id=r[1],
+                exchange=r[2],
+                routing_key=r[3],
+                payload=bytes(r[4]),
+                content_type=r[5],
+                headers=r[6],
+                key=r[7],
+                priority=r[8],
+                attempts=r[9],
+                max_attempts=r[10],
+                available_at=_utc(r[11]),
+                created_at=_utc(r[12]),
+                traceparent=r[13],
+                tracestate=r[14],
+            )
+            for r in rows
+        ]
+        # RETURNING order is unspecified; publish in claim order so priority and enqueue order
+        # hold within a batch too.
+        claimed.sort(key=lambda c: (-c.priority, c.available_at, c.seq))
+        return claimed
+
+    def mark_published(self, token: uuid.UUID, seqs: Sequence[int]) -> int:
+        if not seqs:
+            return 0
+        params: dict[str, Any] = {"token": token, "seqs": self._seqs(seqs)}
+        if self._pg:
+            with self._conn() as conn:
+                return int(conn.execute(self._mark, params).scalar_one())
+        params["now"] = self._now()
+        with self._conn() as conn, sqlite_transaction(conn):
+            keys = [k for (k,) in conn.execute(self._mark, params)]  # one row per row marked
+            keyed = sorted({k for k in keys if k is not None})
+            if keyed:
+                conn.execute(self._unpark_next, {"keys": json.dumps(keyed)})
+        return len(keys)
+
+    def unpark_sweep(self) -> int:
+        """Unpark the next message of every key that nothing blocks any more."""
+        with self._conn() as conn:
+            return conn.execute(self._unpark_sweep).rowcount
+
+    def release(
+        self, token: uuid.UUID, seqs: Sequence[int], *, delay_seconds: float, error: str
+    ) -> int:
+        if not seqs:
+            return 0
+        params: dict[str, Any] = {"token": token, "seqs": self._seqs(seqs), "error": error}
+        if self._pg:
+            params["delay_seconds"] = delay_seconds
+        else:
+            params["available_at"] = self._now() + dt.timedelta(seconds=delay_seconds)
+        with self._conn() as conn:
+            return conn.execute(self._release, params).rowcount
+
+    def extend_leases(self, tokens: Sequence[uuid.UUID], lease_seconds: float) -> int:
+        if not tokens:
+            return 0
+        params: dict[str, Any]
+        if self._pg:
+            params = {"tokens": [str(t) for t in tokens], "lease_seconds": lease_seconds}
+        else:
+            params = {
+                "tokens": json.dumps([t.hex for t in tokens]),
+                "expires": self._now() + dt.timedelta(seconds=lease_seconds),
+            }
+        with self._conn() as conn:
+            return conn.execute(self._extend, params).rowcount
+
+    def settle_failures(
+        self, token: uuid.UUID, decisions: Sequence[Retry | Dead], *, relay_id: str
+    ) -> int:
+        """Apply failure decisions (lease-guarded) and record one attempt row per changed row."""
+        if not decisions:
+            return 0
+        rows = [_settlement(d) for d in decisions]
+        if self._pg:
+            params = {
+                "token": token,
+                "relay_id": relay_id,
+                "seqs": [r["seq"] for r in rows],
+                "states": [r["state"] for r in rows],
+                "available_at": [r["available_at"] for r in rows],
+                "unburn": [r["unburn"] for r in rows],
+                "classes": [r["failure_class"] for r in rows],
+                "outcomes": [r["outcome"] for r in rows],
+                "errors": [r["error"] for r in rows],
+            }
+            with self._conn() as conn:
+                return conn.execute(self._settle_failures, params).rowcount
+        now = self._now()
+        changed = 0
+        with self._conn() as conn, sqlite_transaction(conn):
+            for r in rows:
+                hit = conn.execute(self._settle_one, {**r, "token": token, "now": now}).first()
+                if hit is None:
+                    continue  # the lease was lost: another relay owns the row now
+                changed += 1
+                conn.execute(
+                    self._insert_attempt,
+                    {
+                        "message_id": _as_uuid(hit[0]),
+                        "attempt": hit[1],
+                        "now": now,
+                        "relay_id": relay_id,
+                        "failure_class": r["failure_class"],
+                        "outcome": r["outcome"],
+                        "error": r["error"],
+                        "next_at": r["available_at"],
+                    },
+                )
+        return changed
+
+    def reclaim_expired(self, *, relay_id: str = "", max_attempts: int = 10) -> int:
+        if self._pg:
+            params = {"relay_id": relay_id, "max_attempts": max_attempts}
+            with self._conn() as conn:
+                return conn.execute(self._reclaim, params).rowcount
+        now = self._now()
+        with self._conn() as conn, sqlite_transaction(conn):
+            expired = conn.execute(self._reclaim, {"now": now, "max_attempts": max_attempts}).all()
+            for message_id, attempts, error, state in expired:
+                conn.execute(
+                    self._insert_attempt,
+                    {
+                        "message_id": message_id,
+                        "attempt": attempts,
+                        "now": now,
+                        "relay_id": relay_id,
+                        "failure_class": FailureClass.AMBIGUOUS.value,
+                        "outcome": "dead" if state == "dead" else "retry",
+                        "error": error,
+                        "next_at": None if state == "dead" else now,
+                    },
+                )
+        return len(expired)
+
+    def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
+        return run_retention_once(self.engine, policy, now)
+
+    def counts(self) -> StateCounts:
+        now = self._now()
+        with self._conn() as conn:
+            by_state = {str(s): int(n) for s, n in conn.execute(self._count_by_state)}
+            params = {} if self._pg else {"now": now}
+            ready, delayed, oldest = conn.execute(self._pending, params).one()
+        if oldest is None:
+            age = None
+        elif self._pg:
+            age = max(0.0, float(oldest))
+        else:
+            oldest_at = _utc(dt.datetime.fromisoformat(str(oldest)))
+            age = max(0.0, (now - oldest_at).total_seconds())
+        return StateCounts(by_state, int(ready or 0), int(delayed or 0), age)
+
+    def ping(self) -> None:
+        with self._conn() as conn:
+            conn.execute(text(self._sql.PING))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+ERROR_MAX = 2000  # characters of error text kept per attempt
+
+
+def _settlement(decision: Retry | Dead) -> dict[str, Any]:
+    if isinstance(decision, Dead):
+        return {
+            "seq": decision.seq,
+            "state": "dead",
+            "available_at": None,
+            "unburn": 0,
+            "failure_class": decision.failure.cls.value,
+            "outcome": "dead",
+            "error": decision.reason[:ERROR_MAX],
+        }
+    return {
+        "seq": decision.seq,
+        "state": "pending",
+        "available_at": decision.at,
+        "unburn": 0 if decision.burn else 1,
+        "failure_class": decision.failure.cls.value,
+        "outcome": "retry" if decision.burn else "deferred",
+        "error": decision.failure.detail[:ERROR_MAX],
+    }
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def translate_db_error(engine: Engine, exc: DBAPIError) -> RelayError | None:
+    """The relay's error for a driver error, or None when it should propagate as it is.
+
+    Told apart by SQLSTATE, never by message text (SQLite has no SQLSTATE; there every
+    OperationalError, "database is locked" or a disk error, counts as transient): transient
+    errors (connection lost or refused, server starting or shutting down, serialization
+    failure, deadlock) become DatabaseUnavailable, which the relay loop waits out and retries;
+    anything else is a bug or a broken schema and propagates.
+    """
+    if is_missing_table(exc):
+        return SchemaNotFound(
+            "the outbox tables do not exist in this database: run `outbox-relay migrate`"
+        )
+    if engine.dialect.name == "postgresql":
+        sqlstate = getattr(exc.orig, "sqlstate", None)
+        transient = classify_db_error(sqlstate) is DbFailure.TRANSIENT
+    else:
+        transient = isinstance(exc, OperationalError)
+    if transient or exc.connection_invalidated:
+        return DatabaseUnavailable(_describe(engine, exc))
+    return None
+
+
+def _describe(engine: Engine, exc: DBAPIError) -> str:
+    first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    what = "is not reachable" if sqlstate is None or sqlstate.startswith("08") else "failed"
+    return f"database {redact(str(engine.url))} {what}: {first}"
+
+
+def make_engine(db_url: str, *, autocommit: bool = True, pool_size: int = 3) -> Engine:
+    """An engine configured for the relay (autocommit: every statement is its own transaction)."""
+    url = parse_db_url(db_url)
+    kwargs: dict[str, Any] = {}
+    if autocommit:
+        kwargs["isolation_level"] = "AUTOCOMMIT"
+    if url.get_backend_name() == "postgresql":
+        kwargs.update(
+            pool_size=pool_size,
+            max_overflow=2,
+            connect_args={"connect_timeout": 5, "application_name": "outbox-relay"},
+        )
+        return create_engine(url, **kwargs)
+    engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
+    event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # WAL lets the application write while the relay reads; busy_timeout makes writers queue
+    # for the single write lock instead of failing at once.
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+def open_store(db_url: str, *, check: bool = True, dead_key: str = "hold") -> SqlStore:
+    """Open the store at `db_url`; with `check`, fail now if the database is unreachable."""
+    store = SqlStore(make_engine(db_url), dead_key=dead_key)
+    if check:
+        store.ping()
+    return store

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Make sure the local PostgreSQL and RabbitMQ the tests use are up: start them if they are
+# installed but stopped, otherwise fail at once with one line saying what is missing.
+set -u
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {  # port seconds
+    for _ in $(seq 1 "$2"); do port_open "$1" && return 0; sleep 1; done
+    return 1
+}
+
+if ! port_open 5432; then
+    if command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then
+        echo "starting PostgreSQL..." >&2
+        pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start >&2 || true
+        wait_port 5432 30 || { echo "error: PostgreSQL is installed but did not start on 127.0.0.1:5432" >&2; exit 1; }
+    else
+        echo "error: PostgreSQL is not running on 127.0.0.1:5432 and is not installed here (install postgresql, or run: docker compose up -d postgres)" >&2
+        exit 1
+    fi
+fi
+
+if ! port_open 5672; then
+    if command -v rabbitmq-server >/dev/null 2>&1; then
+        echo "starting RabbitMQ..." >&2
+        rabbitmq-server -detached >&2 || true
+        wait_port 5672 90 || { echo "error: RabbitMQ is installed but did not start on 127.0.0.1:5672" >&2; exit 1; }
+    else
+        echo "error: RabbitMQ is not running on 127.0.0.1:5672 and is not installed here (install rabbitmq-server, or run: docker compose up -d rabbitmq)" >&2
+        exit 1
+    fi
+fi

@@ -1,0 +1,179 @@
+"""Fakes at the port boundary of the relay loop: an in-memory store and a scripted publisher."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from relay.core.policy import Dead, Retry
+from relay.errors import DatabaseUnavailable
+from relay.outcome import Fate, Outcome
+from relay.publisher import Done, Outgoing
+from relay.retention_loop import RetentionPolicy
+from relay.store.base import Claimed, StateCounts
+
+EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@dataclass
+class Row:
+    claimed: Claimed
+    state: str = "pending"
+    due: bool = True  # False after a release with a delay: not claimable in this test's time
+    token: uuid.UUID | None = None
+    error: str | None = None
+    burned: int = 0  # failures that counted against max_attempts
+
+
+def make_claimed(seq: int, **overrides: object) -> Claimed:
+    fields: dict[str, object] = {
+        "seq": seq,
+        "id": uuid.UUID(int=seq),
+        "exchange": "ex",
+        "routing_key": "rk",
+        "payload": b"{}",
+        "content_type": "application/json",
+        "headers": None,
+        "key": None,
+        "priority": 0,
+        "attempts": 1,
+        "max_attempts": None,
+        "available_at": EPOCH,
+        "created_at": EPOCH,
+        "traceparent": None,
+        "tracestate": None,
+    }
+    fields.update(overrides)
+    return Claimed(**fields)  # type: ignore[arg-type]
+
+
+@dataclass
+class FakeStore:
+    rows: dict[int, Row] = field(default_factory=dict)
+    fail_next: list[str] = field(default_factory=list)  # operation names that raise once
+    history: list[tuple[int, str, str]] = field(default_factory=list)
+
+    def add(self, *claimed: Claimed) -> None:
+        for c in claimed:
+            self.rows[c.seq] = Row(c)
+
+    def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
+        return 0
+
+    def _maybe_fail(self, op: str) -> None:
+        if op in self.fail_next:
+            self.fail_next.remove(op)
+            raise DatabaseUnavailable(f"{op}: database is down (fake)")
+
+    def claim(
+        self, *, owner: str, token: uuid.UUID, limit: int, lease_seconds: float
+    ) -> list[Claimed]:
+        self._maybe_fail("claim")
+        ready = [r for r in self.rows.values() if r.state == "pending" and r.due][:limit]
+        for r in ready:
+            r.state, r.token = "in_flight", token
+        return [r.claimed for r in ready]
+
+    def _guarded(self, token: uuid.UUID, seqs: Sequence[int]) -> list[Row]:
+        return [
+            self.rows[s]
+            for s in seqs
+            if self.rows[s].token == token and self.rows[s].state == "in_flight"
+        ]
+
+    def mark_published(self, token: uuid.UUID, seqs: Sequence[int]) -> int:
+        self._maybe_fail("mark")
+        rows = self._guarded(token, seqs)
+        for r in rows:
+            r.state, r.token = "published", None
+        return len(rows)
+
+    def release(
+        self, token: uuid.UUID, seqs: Sequence[int], *, delay_seconds: float, error: str
+    ) -> int:
+        self._maybe_fail("release")
+        rows = self._guarded(token, seqs)
+        for r in rows:
+            r.state, r.token, r.error = "pending", None, error
+            r.due = delay_seconds <= 0
+        return len(rows)
+
+    def settle_failures(
+        self, token: uuid.UUID, decisions: Sequence[Retry | Dead], *, relay_id: str
+    ) -> int:
+        self._maybe_fail("settle")
+        changed = 0
+        for d in decisions:
+            rows = self._guarded(token, [d.seq])
+            if not rows:
+                continue
+            row = rows[0]
+            changed += 1
+            row.token = None
+            if isinstance(d, Dead):
+                row.state, row.error = "dead", d.reason
+            else:
+                row.state, row.error, row.due = "pending", d.failure.detail, False
+                row.burned += 1 if d.burn else 0
+            self.history.append((d.seq, relay_id, type(d).__name__))
+        return changed
+
+    def unpark_sweep(self) -> int:
+        return 0
+
+    def extend_leases(self, tokens: Sequence[uuid.UUID], lease_seconds: float) -> int:
+        return 0
+
+    def reclaim_expired(self, *, relay_id: str = "", max_attempts: int = 10) -> int:
+        return 0
+
+    def counts(self) -> StateCounts:
+        by_state: dict[str, int] = {}
+        for r in self.rows.values():
+            by_state[r.state] = by_state.get(r.state, 0) + 1
+        return StateCounts(by_state, by_state.get("pending", 0), 0, None)
+
+    def ping(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def states(self) -> dict[int, str]:
+        return {seq: r.state for seq, r in self.rows.items()}
+
+
+@dataclass
+class FakePublisher:
+    """Settles each batch at once with `decide(item)`, or holds batches when `hold` is set."""
+
+    decide: Callable[[Outgoing], Outcome] = lambda item: Outcome(item.ref, Fate.CONFIRMED)
+    hold: bool = False
+    ready: bool = True
+    blocked: bool = False
+    held: list[tuple[Sequence[Outgoing], Done]] = field(default_factory=list)
+    published: list[Outgoing] = field(default_factory=list)
+    stopped: bool = False
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.ready = True
+
+    def publish(self, items: Sequence[Outgoing], done: Done) -> None:
+        self.published.extend(items)
+        if self.hold:
+            self.held.append((items, done))
+        else:
+            done([self.decide(i) for i in items])
+
+    def confirm_held(self) -> None:
+        held, self.held = self.held, []
+        for items, done in held:
+            done([self.decide(i) for i in items])
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopped = True
+        held, self.held = self.held, []
+        for items, done in held:
+            done([Outcome(i.ref, Fate.UNCONFIRMED, "publisher stopped") for i in items])
