@@ -201,9 +201,11 @@ class Publisher:
         log.warning("broker.lost", extra={"broker": self._url, "error": why, "retry_in": delay})
         self._ioloop.call_later(delay, self._connect)
 
-    def _on_blocked(self, _conn: Any, _frame: Any) -> None:
+    def _on_blocked(self, _conn: Any, frame: Any) -> None:
         self.blocked = True
-        log.warning("broker.blocked", extra={"broker": self._url})
+        # The reason names the alarm ("low on disk", "low on memory") an operator must clear.
+        reason = getattr(getattr(frame, "method", None), "reason", None) or "resource alarm"
+        log.warning("broker.blocked", extra={"broker": self._url, "reason": reason})
 
     def _on_unblocked(self, _conn: Any, _frame: Any) -> None:
         self.blocked = False

@@ -340,18 +340,49 @@ class Broker:
             channel.exchange_delete(exchange)
 
 
+def broker_refuses_publishes() -> str | None:
+    """Publish one confirmed message to a private queue; say why not if the broker will not take it.
+
+    A broker under a resource alarm (low disk, high memory) accepts connections and declarations
+    but blocks every publisher: without this check each delivery test would time out on its own,
+    one by one, with "0 received" and no word about the alarm.
+    """
+    params = pika.URLParameters(AMQP_URL)
+    params.connection_attempts = 1
+    params.socket_timeout = 5
+    params.heartbeat = 0
+    params.blocked_connection_timeout = 10
+    conn = pika.BlockingConnection(params)
+    blocked: list[str] = []
+    conn.add_on_connection_blocked_callback(
+        lambda _c, frame: blocked.append(str(getattr(frame.method, "reason", "") or "no reason"))
+    )
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
+        channel.basic_publish("", queue, b"preflight", mandatory=True)
+        return None
+    except pika.exceptions.ConnectionBlockedTimeout:
+        why = ", ".join(blocked) or "a resource alarm"
+        return f"it blocks publishers ({why}; `rabbitmq-diagnostics alarms` names it)"
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
 @pytest.fixture(scope="session")
 def amqp_url() -> str:
     """The broker's URL; fails (one line) every test that needs it when it is not reachable."""
     problem = None
     try:
-        amqp_connection().close()
+        problem = broker_refuses_publishes()
     except Exception as exc:
         problem = str(exc).strip() or repr(exc)  # pika's connection errors have no str()
     if problem is not None:  # outside the except block: no chained traceback, one line
         pytest.fail(
-            f"RabbitMQ is not reachable at {AMQP_URL} ({problem}); "
-            "start it with scripts/ensure-services.sh",
+            f"RabbitMQ at {AMQP_URL} cannot take the tests' messages: {problem}; "
+            "scripts/ensure-services.sh starts a stopped one",
             pytrace=False,
         )
     return AMQP_URL
