@@ -77,7 +77,11 @@ def _v2(conn: Connection) -> None:
     apply_storage_settings(conn)
 
 
-MIGRATIONS: dict[int, Migration] = {1: _v1, 2: _v2}
+def _v3(conn: Connection) -> None:
+    schema.resource.create(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Migration] = {1: _v1, 2: _v2, 3: _v3}
 
 
 def current_version(conn: Connection) -> int:

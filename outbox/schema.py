@@ -17,6 +17,7 @@ from sqlalchemy import (
     Connection,
     DateTime,
     Engine,
+    Float,
     Index,
     Integer,
     LargeBinary,
@@ -32,7 +33,7 @@ from sqlalchemy.exc import DBAPIError
 
 from outbox.states import ALL_STATES
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -148,6 +149,27 @@ attempt = Table(
     Column("next_attempt_at", _Time, nullable=True),
     Index("outbox_attempt_message_idx", "message_id", "id"),
     Index("outbox_attempt_at_idx", "at"),
+)
+
+# One row per broker resource (what fails together, by default broker + vhost + exchange),
+# shared by every relay: its circuit breaker and its rate-limit bucket. Rows are few (one per
+# destination that ever failed or is rate limited) and read whole; relays change them under a row
+# lock with the pure transitions in relay/core/circuit.py and relay/core/bucket.py.
+resource = Table(
+    "outbox_resource",
+    metadata,
+    Column("resource", String(1024), primary_key=True),
+    Column("state", String(16), nullable=False, server_default=text("'closed'")),
+    Column("failures", Integer, nullable=False, server_default=text("0")),
+    Column("opens", Integer, nullable=False, server_default=text("0")),
+    Column("open_until", _Time, nullable=True),
+    Column("probe_owner", String(255), nullable=True),
+    Column("probe_until", _Time, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("changed_at", _Time, nullable=True),
+    Column("tokens", Float, nullable=True),
+    Column("tokens_at", _Time, nullable=True),
+    CheckConstraint("state IN ('closed', 'open', 'half_open')", name="outbox_resource_state_check"),
 )
 
 schema_version = Table(

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from relay.config import DEFAULT_AMQP_URL, DEFAULT_DB_URL, RelayConfig, default_relay_id
+from relay.core.circuit import CircuitSettings
 from relay.core.failures import FailureClass
 from relay.core.policy import RetryPolicy
 from relay.durations import positive_duration_arg
@@ -67,6 +68,23 @@ def _exchange_limit(raw: str) -> tuple[str, int]:
     if not sep or not number.isdigit() or int(number) < 1:
         raise argparse.ArgumentTypeError(f"{raw!r} is not EXCHANGE=N with N >= 1")
     return name, int(number)
+
+
+def _rate_limit(raw: str) -> tuple[str, float]:
+    name, sep, number = raw.rpartition("=")
+    try:
+        rate = float(number)
+    except ValueError:
+        rate = 0.0
+    if not sep or not rate > 0:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} is not RESOURCE=RATE with RATE > 0 messages per second"
+        )
+    return name, rate
+
+
+def _rate_limits(raw: str) -> list[tuple[str, float]]:
+    return [_rate_limit(item.strip()) for item in raw.split(",") if item.strip()]
 
 
 def _failure_classes(raw: str) -> frozenset[FailureClass]:
@@ -183,9 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--permanent",
         type=_failure_classes,
-        default=_failure_classes(
-            env("OUTBOX_PERMANENT", "unroutable,destination_missing,malformed")
-        ),
+        default=_failure_classes(env("OUTBOX_PERMANENT", "unroutable,malformed")),
         help="failure classes dead-lettered at once, comma-separated, or 'none' "
         "(env OUTBOX_PERMANENT; malformed rows are dead whatever this says)",
     )
@@ -213,6 +229,45 @@ def build_parser() -> argparse.ArgumentParser:
         "replays or discards it, or skip past it (env OUTBOX_DEAD_KEY; default hold)",
     )
     run.add_argument(
+        "--circuit-threshold",
+        type=_positive_int,
+        default=int(env("OUTBOX_CIRCUIT_THRESHOLD", "5")),
+        help="consecutive failures of one resource that open its circuit "
+        "(env OUTBOX_CIRCUIT_THRESHOLD; default %(default)s)",
+    )
+    run.add_argument(
+        "--circuit-cooldown",
+        type=_duration,
+        default=_duration(env("OUTBOX_CIRCUIT_COOLDOWN", "5s")),
+        metavar="DURATION",
+        help="first open period; it doubles while the resource keeps failing "
+        "(env OUTBOX_CIRCUIT_COOLDOWN; default 5s)",
+    )
+    run.add_argument(
+        "--circuit-max-cooldown",
+        type=_duration,
+        default=_duration(env("OUTBOX_CIRCUIT_MAX_COOLDOWN", "5m")),
+        metavar="DURATION",
+        help="longest open period (env OUTBOX_CIRCUIT_MAX_COOLDOWN; default 5m)",
+    )
+    run.add_argument(
+        "--circuit-scope",
+        choices=["broker", "exchange", "routing_key"],
+        default=env("OUTBOX_CIRCUIT_SCOPE", "exchange"),
+        help="what fails together and shares a circuit: the broker (and vhost), each exchange, "
+        "or each exchange and routing key; the same on every relay "
+        "(env OUTBOX_CIRCUIT_SCOPE; default exchange)",
+    )
+    run.add_argument(
+        "--rate-limit",
+        action="extend",
+        type=_rate_limits,
+        default=_rate_limits(env("OUTBOX_RATE_LIMITS", "")),
+        metavar="RESOURCE=RATE",
+        help="messages per second for one resource (its exchange at the default scope), shared "
+        "by every relay; repeatable (env OUTBOX_RATE_LIMITS, comma-separated)",
+    )
+    run.add_argument(
         "--confirm-timeout",
         type=_positive_float,
         default=float(env("OUTBOX_CONFIRM_TIMEOUT", "20")),
@@ -231,9 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     from relay import ops
 
     ops.add_parsers(sub)
-    from relay import retention_cli
+    from relay import circuits_cli, retention_cli
 
     retention_cli.add_parser(sub)
+    circuits_cli.add_parser(sub)
 
     demo = sub.add_parser("demo", help="the embedded demonstration: SQLite, local RabbitMQ")
     demo.add_argument("--orders", type=_positive_int, default=300, help="orders to write")
@@ -300,6 +356,15 @@ def _config(args: argparse.Namespace) -> RelayConfig:
                 published_after=args.retain_published, failed_after=args.retain_failed
             ),
             listen=args.listen,
+            circuit=CircuitSettings(
+                threshold=args.circuit_threshold,
+                cooldown=args.circuit_cooldown,
+                max_cooldown=args.circuit_max_cooldown,
+                # Longer than a confirm can take, so a probe in flight is never taken over.
+                probe_timeout=max(60.0, 2 * args.confirm_timeout),
+            ),
+            circuit_scope=args.circuit_scope,
+            rate_limits=dict(args.rate_limit),
         )
     return RelayConfig(**kwargs)  # type: ignore[arg-type]
 
@@ -317,16 +382,21 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from relay.circuits_cli import format_circuits, not_closed
     from relay.commands import status
     from relay.ops import per_exchange, table
 
     config = _config(args)
     report = status(config)
     exchanges = per_exchange(config)
+    circuits = not_closed(config)
     if args.json:
-        print(json.dumps({**report, "exchanges": exchanges}))
+        print(json.dumps({**report, "exchanges": exchanges, "open_circuits": circuits}))
         return EXIT_OK
     print(format_status(report))
+    if circuits:
+        print(f"\n{len(circuits)} circuit(s) not closed: their messages wait, burning no attempts")
+        print(format_circuits(circuits))
     if exchanges:
         print()
         rows = [
@@ -372,6 +442,12 @@ def _purge(args: argparse.Namespace) -> int:
     return cmd_purge(_config(args), args)
 
 
+def _circuits(args: argparse.Namespace) -> int:
+    from relay.circuits_cli import cmd_circuits
+
+    return cmd_circuits(_config(args), args)
+
+
 def _operator(args: argparse.Namespace) -> int:
     from relay.ops import COMMANDS
 
@@ -389,6 +465,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "discard": _operator,
     "cancel": _operator,
     "purge": _purge,
+    "circuits": _circuits,
 }
 
 

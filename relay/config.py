@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import socket
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from relay.core.circuit import CircuitSettings
 from relay.core.policy import RetryPolicy
 from relay.errors import ConfigError
 from relay.retention_loop import RetentionPolicy
@@ -41,6 +43,13 @@ class RelayConfig:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     # Delete old terminal messages between claims; None turns it off.
     retention: RetentionPolicy | None = field(default_factory=RetentionPolicy)
+    circuit: CircuitSettings = field(default_factory=CircuitSettings)
+    # What fails together (relay/resources.py): "broker", "exchange" or "routing_key".
+    circuit_scope: str = "exchange"
+    circuit_refresh: float = 1.0  # seconds between reads of the circuits other relays changed
+    # Messages per second per resource part (the exchange, at the default scope), shared by
+    # every relay: three relays together keep to the rate.
+    rate_limits: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _positive("batch_size", self.batch_size)
@@ -71,6 +80,26 @@ class RelayConfig:
                 f"lease_seconds ({self.lease_seconds}) must be longer than confirm_timeout "
                 f"({self.confirm_timeout}), or another relay could resend a message still in flight"
             )
+        c = self.circuit
+        if c.threshold < 1:
+            raise ConfigError(f"circuit threshold must be at least 1, got {c.threshold}")
+        if not 0 < c.cooldown <= c.max_cooldown:
+            raise ConfigError(
+                f"circuit cooldown needs 0 < cooldown ({c.cooldown:g}) <= max ({c.max_cooldown:g})"
+            )
+        if c.probe_timeout <= self.confirm_timeout:
+            raise ConfigError(
+                f"circuit probe timeout ({c.probe_timeout:g}) must be longer than confirm_timeout "
+                f"({self.confirm_timeout:g}), or a second relay could probe while the first waits"
+            )
+        if self.circuit_scope not in ("broker", "exchange", "routing_key"):
+            raise ConfigError(
+                f"circuit scope must be broker, exchange or routing_key, not {self.circuit_scope!r}"
+            )
+        _positive("circuit_refresh", self.circuit_refresh)
+        for part, rate in self.rate_limits.items():
+            if not rate > 0:
+                raise ConfigError(f"rate limit for {part!r} must be positive, got {rate}")
         parse_db_url(self.db_url)
         parse_amqp_url(self.amqp_url)
 

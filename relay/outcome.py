@@ -24,3 +24,4 @@ class Outcome:
     detail: str = ""
     while_blocked: bool = False  # the connection was blocked by a resource alarm at the time
     malformed: bool = False  # the row could not be turned into a message
+    connection_lost: bool = False  # the whole connection failed, not this message's destination

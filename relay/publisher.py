@@ -344,7 +344,9 @@ class Publisher:
 
     # ----------------------------------------------------------------- failures
 
-    def _fail_chan(self, chan: _Chan, sent_fate: Fate, why: str, queued_fate: Fate) -> None:
+    def _fail_chan(
+        self, chan: _Chan, sent_fate: Fate, why: str, queued_fate: Fate, *, lost: bool = False
+    ) -> None:
         blocked = self.blocked
         unconfirmed, chan.unconfirmed = chan.unconfirmed, {}
         queued, chan.queued = chan.queued, []
@@ -352,13 +354,14 @@ class Publisher:
             for batch, i in entries:
                 item = batch.items[i]
                 self._returned.pop(item.message_id, None)
-                self._settle(batch, i, Outcome(item.ref, fate, why, while_blocked=blocked))
+                outcome = Outcome(item.ref, fate, why, while_blocked=blocked, connection_lost=lost)
+                self._settle(batch, i, outcome)
 
     def _fail_everything(self, why: str) -> None:
         chans = list(self._chans.values())
         self._chans.clear()
         for chan in chans:
-            self._fail_chan(chan, Fate.UNCONFIRMED, why, Fate.NOT_SENT)
+            self._fail_chan(chan, Fate.UNCONFIRMED, why, Fate.NOT_SENT, lost=True)
         self._returned.clear()
 
     def _check_confirm_timeouts(self) -> None:

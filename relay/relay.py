@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from relay.config import RelayConfig
-from relay.core.failures import classify
+from relay.core.circuit import is_resource_failure
+from relay.core.failures import Classified, classify
 from relay.core.policy import Attempted, Dead, Publish, Retry, decide
 from relay.errors import DatabaseUnavailable
+from relay.guard import ResourceGuard
 from relay.outcome import Fate, Outcome
 from relay.publisher import Done, Outgoing
 from relay.retention_loop import RetentionPolicy
@@ -51,6 +53,9 @@ class _Finished:
     token: uuid.UUID
     outcomes: list[Outcome]
     marked: bool = False  # confirmed rows already marked (the failures may still be pending)
+    # Decided once (the circuits have counted these outcomes), kept if the database fails.
+    confirmed: list[int] | None = None
+    failures: list[Retry | Dead] | None = None
 
 
 _STOP = object()
@@ -110,6 +115,7 @@ class Relay:
         self._next_retention = 0.0
         self._db_backoff = 0.0
         self.summary = RunSummary()
+        self.guard = ResourceGuard(store, config, clock=clock, wall=wall, rng=self._rng)
 
     # ----------------------------------------------------------------- control
 
@@ -147,21 +153,17 @@ class Relay:
         limit = min(self.config.batch_size, room)
         if limit <= 0:
             return result
-        token = uuid.uuid4()
         try:
-            rows = self.store.claim(
-                owner=self.config.relay_id,
-                token=token,
-                limit=limit,
-                lease_seconds=self.config.lease_seconds,
-            )
+            self.guard.refresh()
+            claimed = self._claim(limit, now, exclude=self.guard.exclude())
+            result.full_batch = claimed == limit
+            claimed += self._claim_guarded(room - claimed, now)
         except DatabaseUnavailable as exc:
             self._db_failed("claim", exc)
             return result
         self._db_backoff = 0.0
-        result.claimed = len(rows)
-        result.full_batch = len(rows) == limit
-        if not rows:
+        result.claimed = claimed
+        if not claimed:
             # Adaptive polling: right after work, look again within milliseconds (more is
             # probably coming); each empty look doubles the wait, up to poll_interval.
             wait = min(self.config.poll_interval, self.config.min_poll_interval * 2**self._empty)
@@ -169,8 +171,46 @@ class Relay:
             self._next_claim = now + wait
             return result
         self._empty = 0
-        self._send(token, rows, now)
         return result
+
+    def _claim(
+        self, limit: int, now: float, *, exclude: Sequence[str] = (), only: str | None = None
+    ) -> int:
+        token = uuid.uuid4()
+        rows = self.store.claim(
+            owner=self.config.relay_id,
+            token=token,
+            limit=limit,
+            lease_seconds=self.config.lease_seconds,
+            exclude=exclude,
+            only=only,
+        )
+        if rows:
+            self._send(token, rows, now)
+        return len(rows)
+
+    def _claim_guarded(self, room: int, now: float) -> int:
+        """Claims the main claim passes by: one probe per circuit whose cooldown is over (the
+        relay that wins it), and each rate-limited resource's share of tokens."""
+        claimed = 0
+        for part in self.guard.probes_due():
+            if claimed >= room:
+                return claimed
+            if self.guard.try_probe(part):
+                got = self._claim(1, now, only=part)
+                if not got:
+                    self.guard.probe_found_nothing(part)
+                claimed += got
+        for part in self.guard.rate_parts_due():
+            want = min(self.config.batch_size, room - claimed)
+            if want <= 0:
+                break
+            granted = self.guard.take_tokens(part, want)
+            if granted:
+                got = self._claim(granted, now, only=part)
+                self.guard.give_back(part, granted - got)
+                claimed += got
+        return claimed
 
     def _send(self, token: uuid.UUID, rows: list[Claimed], now: float) -> None:
         self._leases[token] = _Lease(token, {r.seq: r for r in rows}, now)
@@ -219,27 +259,54 @@ class Relay:
         elif isinstance(event, _Finished):
             self._unsettled.append(event)
 
-    def _settle(self, finished: _Finished, result: PassResult) -> None:
+    def _decide(self, finished: _Finished) -> tuple[list[int], list[Retry | Dead]]:
+        """Confirmed rows, and a decision for each failed one; the circuits count the results
+        first, since whether a failure burns an attempt depends on its resource's circuit."""
         lease = self._leases.get(finished.token)
         rows = lease.rows if lease is not None else {}
-        now = self._wall()
+        naming, permanent = self.guard.naming, self.config.policy.permanent
         confirmed: list[int] = []
-        failures: list[Retry | Dead] = []
+        failed: list[tuple[Claimed, Classified, str | None]] = []  # (row, failure, its part)
+        results: dict[str, list[str | None]] = {}  # per part, in order, for the circuits
         for outcome in finished.outcomes:
             row = rows.get(outcome.ref)
             if row is None:
                 continue
             failure = classify(outcome)
+            part = naming.part(row.exchange, row.routing_key)
             if failure is None:  # confirmed: the common case needs no policy
                 confirmed.append(row.seq)
-                continue
+                results.setdefault(part, []).append(None)
+            elif is_resource_failure(outcome, failure, permanent):
+                failed.append((row, failure, part))
+                results.setdefault(part, []).append(failure.detail or failure.cls.value)
+            else:
+                failed.append((row, failure, None))
+        burns = self.guard.record(results) if results else {}
+        now = self._wall()
+        failures: list[Retry | Dead] = []
+        for row, failure, resource in failed:
+            circuit_open = resource is not None and not burns[resource].pop(0)
             attempted = Attempted(
                 row.seq, row.exchange, row.attempts, row.max_attempts, row.created_at
             )
-            decision = decide(attempted, failure, policy=self.config.policy, now=now, rng=self._rng)
+            decision = decide(
+                attempted,
+                failure,
+                policy=self.config.policy,
+                now=now,
+                rng=self._rng,
+                circuit_open=circuit_open,
+            )
             if not isinstance(decision, Publish):  # a failure always is Retry or Dead
                 failures.append(decision)
+        return confirmed, failures
+
+    def _settle(self, finished: _Finished, result: PassResult) -> None:
         try:
+            if finished.confirmed is None or finished.failures is None:
+                finished.confirmed, finished.failures = self._decide(finished)
+            confirmed, failures = finished.confirmed, finished.failures
             if not finished.marked:
                 published = self.store.mark_published(finished.token, confirmed)
                 finished.marked = True
@@ -357,6 +424,9 @@ class Relay:
             until = now + self.config.poll_interval
         else:
             until = max(self._next_claim, now)
+            tokens_due = self.guard.next_token_due()
+            if tokens_due is not None:  # a rate-limited resource may draw tokens again then
+                until = min(until, max(tokens_due, now + self.config.min_poll_interval))
         return max(0.0, min(until - now, self._next_reclaim - now, self.config.poll_interval))
 
     def _wait(self, timeout: float) -> None:

@@ -37,7 +37,7 @@ def check_schema(store: SqlStore) -> None:
 
 
 def build_relay(config: RelayConfig) -> Relay:
-    store = open_store(config.db_url, dead_key=config.dead_key)
+    store = open_store(config.db_url, dead_key=config.dead_key, scope=config.circuit_scope)
     check_schema(store)
     publisher = Publisher(
         config.amqp_url,

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from relay.core import backoff
 from relay.core.failures import Classified, FailureClass
 
-DEFAULT_PERMANENT = frozenset(
-    {FailureClass.UNROUTABLE, FailureClass.DESTINATION_MISSING, FailureClass.MALFORMED}
-)
+# A missing exchange is not here: it is how a deleted-then-recreated destination looks, and the
+# circuit breaker (relay/core/circuit.py) stops it burning attempts while it lasts.
+DEFAULT_PERMANENT = frozenset({FailureClass.UNROUTABLE, FailureClass.MALFORMED})
 # Failures that are not the message's fault and say nothing about whether it can ever succeed.
 _FREE = frozenset({FailureClass.NEVER_SENT, FailureClass.BACKPRESSURE})
 
@@ -80,7 +80,13 @@ def decide(
     policy: RetryPolicy,
     now: dt.datetime,
     rng: random.Random,
+    circuit_open: bool = False,
 ) -> Decision:
+    """What to do with a message after an attempt.
+
+    `circuit_open`: the failure happened while its resource's circuit was open or probing, so
+    the resource is at fault, not the message: no attempt is burned (max age still applies).
+    """
     if failure is None:
         return Publish(msg.seq)
     cls = failure.cls
@@ -91,11 +97,15 @@ def decide(
             policy.backpressure_delay if cls is FailureClass.BACKPRESSURE else policy.requeue_delay
         )
         return Retry(msg.seq, now + dt.timedelta(seconds=rng.uniform(0, wait)), False, failure)
-    allowed = policy.attempts_allowed(msg.exchange, msg.max_attempts)
-    if msg.attempts >= allowed:
-        return Dead(msg.seq, failure, f"gave up after {msg.attempts} attempts: {failure.detail}")
     age = (now - msg.created_at).total_seconds()
-    if policy.max_age is not None and age >= policy.max_age:
+    too_old = policy.max_age is not None and age >= policy.max_age
+    if circuit_open and not too_old:
+        at = now + dt.timedelta(seconds=rng.uniform(0, policy.requeue_delay))
+        return Retry(msg.seq, at, False, failure)
+    allowed = policy.attempts_allowed(msg.exchange, msg.max_attempts)
+    if msg.attempts >= allowed and not circuit_open:
+        return Dead(msg.seq, failure, f"gave up after {msg.attempts} attempts: {failure.detail}")
+    if too_old:
         return Dead(
             msg.seq, failure, f"older than max age ({policy.max_age:.0f} s): {failure.detail}"
         )

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from relay.core.bucket import Bucket
+from relay.core.circuit import Circuit
 from relay.core.policy import Dead, Retry
 from relay.retention_loop import RetentionPolicy
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +47,27 @@ class StateCounts:
 
 class Store(Protocol):
     def claim(
-        self, *, owner: str, token: uuid.UUID, limit: int, lease_seconds: float
+        self,
+        *,
+        owner: str,
+        token: uuid.UUID,
+        limit: int,
+        lease_seconds: float,
+        exclude: Sequence[str] = (),
+        only: str | None = None,
     ) -> list[Claimed]:
-        """Lease up to `limit` ready rows to `token`, highest priority and oldest due first."""
+        """Lease up to `limit` ready rows to `token`, highest priority and oldest due first.
+
+        Rows whose resource part is in `exclude` are passed by; with `only`, just that part's."""
+
+    def resources(self) -> list[ResourceRow]:
+        """Every resource row (circuits and buckets), shared by all relays."""
+
+    def change_resource(
+        self, resource: str, change: Callable[[ResourceRow, dt.datetime], tuple[ResourceRow, T]]
+    ) -> T:
+        """Apply `change` to the resource's row under a lock (created closed if missing), at
+        the database's time; write the row it returns and return its second value."""
 
     def mark_published(self, token: uuid.UUID, seqs: Sequence[int]) -> int:
         """Mark rows published, only where `token` still holds their lease; return rows changed."""
@@ -77,3 +99,11 @@ class Store(Protocol):
     def ping(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRow:
+    """A resource's shared row: its circuit and its rate-limit bucket."""
+
+    circuit: Circuit
+    bucket: Bucket

@@ -17,10 +17,15 @@ from __future__ import annotations
 # the ready index, so a key with thousands of messages queued behind its head costs later claims
 # nothing. MARK_PUBLISHED unparks the next message of each key it settles, and UNPARK_SWEEP
 # catches every other way a key can come free (dead-lettered, cancelled or discarded heads).
+#
+# Resources ({resource}: the row's part of its resource name, see resource_sql.SCOPES): rows of
+# the resources in :exclude (open circuits, rate-limited destinations) are passed by, so they never
+# take a place in a batch; :only, when not null, claims for that one resource (a probe, or the
+# share a rate limit allows).
 _CLAIM = """
 WITH unkeyed AS (
     SELECT seq, priority, available_at FROM outbox_message
-    WHERE state = 'pending' AND key IS NULL AND available_at <= now()
+    WHERE state = 'pending' AND key IS NULL AND available_at <= now() {filter}
     ORDER BY priority DESC, available_at, seq
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -31,7 +36,7 @@ WITH unkeyed AS (
                WHERE e.key = m.key AND e.seq < m.seq AND e.state IN ({blocking})
            ) AS head
     FROM outbox_message AS m
-    WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= now()
+    WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= now() {filter}
     ORDER BY priority DESC, available_at, seq
     LIMIT :scan
     FOR UPDATE SKIP LOCKED
@@ -60,8 +65,16 @@ RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type, m.h
           m.priority, m.attempts, m.max_attempts, m.available_at, m.created_at, m.traceparent,
           m.tracestate
 """
-CLAIM_HOLD = _CLAIM.format(blocking="'pending', 'in_flight', 'dead'")
-CLAIM_SKIP = _CLAIM.format(blocking="'pending', 'in_flight'")
+_RESOURCE_FILTER = """
+      AND NOT ({resource} = ANY(CAST(:exclude AS text[])))
+      AND (CAST(:only AS text) IS NULL OR {resource} = CAST(:only AS text))"""
+
+
+def claim(*, hold: bool, resource: str) -> str:
+    """The claim statement for a dead-key mode and a resource expression (never user input)."""
+    blocking = "'pending', 'in_flight', 'dead'" if hold else "'pending', 'in_flight'"
+    return _CLAIM.format(blocking=blocking, filter=_RESOURCE_FILTER.format(resource=resource))
+
 
 # Only rows still in flight under this token change: a relay whose lease expired (and whose rows
 # another relay took over) can never overwrite the newer owner's work. The next parked message of

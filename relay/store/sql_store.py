@@ -19,6 +19,7 @@ from sqlalchemy import (
     Connection,
     DateTime,
     Engine,
+    Float,
     Integer,
     LargeBinary,
     String,
@@ -35,12 +36,14 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from outbox.schema import is_missing_table
 from relay.config import parse_db_url, redact
+from relay.core.bucket import Bucket
+from relay.core.circuit import Circuit, CircuitState
 from relay.core.failures import DbFailure, FailureClass, classify_db_error
 from relay.core.policy import Dead, Retry
 from relay.errors import DatabaseUnavailable, RelayError, SchemaNotFound
 from relay.retention_loop import RetentionPolicy, run_retention_once
-from relay.store import postgres_sql, sqlite_sql
-from relay.store.base import Claimed, StateCounts
+from relay.store import postgres_sql, resource_sql, sqlite_sql
+from relay.store.base import Claimed, ResourceRow, StateCounts, T
 from relay.store.sqlite_tx import sqlite_transaction
 
 _Time = DateTime(timezone=True)
@@ -77,6 +80,7 @@ class SqlStore:
         *,
         now: Callable[[], dt.datetime] | None = None,
         dead_key: str = "hold",
+        scope: str = "exchange",
     ) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
@@ -88,12 +92,15 @@ class SqlStore:
         if dead_key not in ("hold", "skip"):
             raise ValueError(f"dead_key must be 'hold' or 'skip', not {dead_key!r}")
         hold = dead_key == "hold"
+        if scope not in resource_sql.SCOPES:
+            raise ValueError(f"scope must be one of {sorted(resource_sql.SCOPES)}, not {scope!r}")
+        part = resource_sql.SCOPES[scope]
         if self._pg:
-            claim_sql = postgres_sql.CLAIM_HOLD if hold else postgres_sql.CLAIM_SKIP
+            claim_sql = postgres_sql.claim(hold=hold, resource=part)
         else:
             claim_sql = sqlite_sql.CLAIM
-            keyed = sqlite_sql.SELECT_KEYED_HOLD if hold else sqlite_sql.SELECT_KEYED_SKIP
-            self._select_unkeyed = self._stmt(sqlite_sql.SELECT_UNKEYED, now=_Time)
+            keyed = sqlite_sql.select_keyed(hold=hold, resource=part)
+            self._select_unkeyed = self._stmt(sqlite_sql.select_unkeyed(resource=part), now=_Time)
             self._select_keyed = self._stmt(keyed, now=_Time)
             self._park = text(sqlite_sql.PARK)
             self._unpark_next = text(sqlite_sql.UNPARK_NEXT)
@@ -122,6 +129,23 @@ class SqlStore:
             if self._pg
             else reclaim.columns(id=Uuid(), attempts=Integer(), last_error=String(), state=String())
         )
+        self._resources = self._stmt(
+            resource_sql.LIST, open_until=_Time, probe_until=_Time, changed_at=_Time
+        ).columns(**_RESOURCE_COLUMNS)
+        self._ensure_resource = text(
+            resource_sql.ENSURE_PG if self._pg else resource_sql.ENSURE_SQLITE
+        )
+        lock_columns = dict(_RESOURCE_COLUMNS, now=_Time) if self._pg else _RESOURCE_COLUMNS
+        self._lock_resource = text(
+            resource_sql.LOCK_PG if self._pg else resource_sql.LOCK_SQLITE
+        ).columns(**lock_columns)
+        self._update_resource = self._stmt(
+            resource_sql.UPDATE,
+            open_until=_Time,
+            probe_until=_Time,
+            changed_at=_Time,
+            tokens_at=_Time,
+        )
         self._count_by_state = text(self._sql.COUNT_BY_STATE)
         self._pending = self._stmt(self._sql.PENDING_SUMMARY, now=_Time)
 
@@ -145,24 +169,32 @@ class SqlStore:
         return list(seqs) if self._pg else json.dumps(list(seqs))
 
     def claim(
-        self, *, owner: str, token: uuid.UUID, limit: int, lease_seconds: float
+        self,
+        *,
+        owner: str,
+        token: uuid.UUID,
+        limit: int,
+        lease_seconds: float,
+        exclude: Sequence[str] = (),
+        only: str | None = None,
     ) -> list[Claimed]:
         now = self._now()
         params: dict[str, Any] = {"owner": owner, "token": token, "limit": limit}
         # Keyed candidates scanned per claim: heads are leased, the rest parked for good.
         scan = limit * 2
         if self._pg:
-            params.update(lease_seconds=lease_seconds, scan=scan)
+            params.update(lease_seconds=lease_seconds, scan=scan, exclude=list(exclude), only=only)
             with self._conn() as conn:
                 rows = conn.execute(self._claim, params).all()
         else:
             params.update(now=now, expires=now + dt.timedelta(seconds=lease_seconds))
+            where = {"exclude": json.dumps(list(exclude)), "only": only, "now": now}
             with self._conn() as conn, sqlite_transaction(conn):
-                window = {"now": now, "limit": limit}
+                window = {**where, "limit": limit}
                 candidates = [tuple(r) for r in conn.execute(self._select_unkeyed, window)]
                 parked: list[int] = []
                 for seq, priority, available_at, head in conn.execute(
-                    self._select_keyed, {"now": now, "scan": scan}
+                    self._select_keyed, {**where, "scan": scan}
                 ):
                     if head:
                         candidates.append((seq, priority, available_at))
@@ -317,6 +349,27 @@ class SqlStore:
     def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
         return run_retention_once(self.engine, policy, now)
 
+    def resources(self) -> list[ResourceRow]:
+        with self._conn() as conn:
+            return [_resource_row(r) for r in conn.execute(self._resources)]
+
+    def change_resource(
+        self, resource: str, change: Callable[[ResourceRow, dt.datetime], tuple[ResourceRow, T]]
+    ) -> T:
+        with self._conn() as conn:
+            conn.execute(self._ensure_resource, {"resource": resource})
+            conn.exec_driver_sql("BEGIN" if self._pg else "BEGIN IMMEDIATE")
+            try:
+                found = conn.execute(self._lock_resource, {"resource": resource}).one()
+                now = _utc(found[-1]) if self._pg else self._now()
+                row, result = change(_resource_row(found), now)
+                conn.execute(self._update_resource, _resource_params(row))
+            except BaseException:
+                conn.exec_driver_sql("ROLLBACK")
+                raise
+            conn.exec_driver_sql("COMMIT")
+        return result
+
     def counts(self) -> StateCounts:
         now = self._now()
         with self._conn() as conn:
@@ -341,6 +394,56 @@ class SqlStore:
 
 
 ERROR_MAX = 2000  # characters of error text kept per attempt
+
+_RESOURCE_COLUMNS: dict[str, Any] = {
+    "resource": String(),
+    "state": String(),
+    "failures": Integer(),
+    "opens": Integer(),
+    "open_until": _Time,
+    "probe_owner": String(),
+    "probe_until": _Time,
+    "last_error": String(),
+    "changed_at": _Time,
+    "tokens": Float(),
+    "tokens_at": _Time,
+}
+
+
+def _maybe_utc(value: dt.datetime | None) -> dt.datetime | None:
+    return None if value is None else _utc(value)
+
+
+def _resource_row(r: Any) -> ResourceRow:
+    circuit = Circuit(
+        resource=r[0],
+        state=CircuitState(r[1]),
+        failures=int(r[2]),
+        opens=int(r[3]),
+        open_until=_maybe_utc(r[4]),
+        probe_owner=r[5],
+        probe_until=_maybe_utc(r[6]),
+        last_error=r[7],
+        changed_at=_maybe_utc(r[8]),
+    )
+    return ResourceRow(circuit, Bucket(None if r[9] is None else float(r[9]), _maybe_utc(r[10])))
+
+
+def _resource_params(row: ResourceRow) -> dict[str, Any]:
+    c = row.circuit
+    return {
+        "resource": c.resource,
+        "state": c.state.value,
+        "failures": c.failures,
+        "opens": c.opens,
+        "open_until": c.open_until,
+        "probe_owner": c.probe_owner,
+        "probe_until": c.probe_until,
+        "last_error": None if c.last_error is None else c.last_error[:ERROR_MAX],
+        "changed_at": c.changed_at,
+        "tokens": row.bucket.tokens,
+        "tokens_at": row.bucket.at,
+    }
 
 
 def _settlement(decision: Retry | Dead) -> dict[str, Any]:
@@ -426,9 +529,11 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def open_store(db_url: str, *, check: bool = True, dead_key: str = "hold") -> SqlStore:
+def open_store(
+    db_url: str, *, check: bool = True, dead_key: str = "hold", scope: str = "exchange"
+) -> SqlStore:
     """Open the store at `db_url`; with `check`, fail now if the database is unreachable."""
-    store = SqlStore(make_engine(db_url), dead_key=dead_key)
+    store = SqlStore(make_engine(db_url), dead_key=dead_key, scope=scope)
     if check:
         store.ping()
     return store

@@ -10,9 +10,9 @@ from __future__ import annotations
 # Claiming is four statements in one BEGIN IMMEDIATE transaction (the write lock is held
 # throughout): the unkeyed and keyed candidates, parking keyed rows that are not the head of their
 # key, and leasing the chosen rows. Per-key order and parking work as in postgres_sql.CLAIM_*.
-SELECT_UNKEYED = """
+_SELECT_UNKEYED = """
 SELECT seq, priority, available_at FROM outbox_message
-WHERE state = 'pending' AND key IS NULL AND available_at <= :now
+WHERE state = 'pending' AND key IS NULL AND available_at <= :now {filter}
 ORDER BY priority DESC, available_at, seq
 LIMIT :limit
 """
@@ -24,12 +24,27 @@ SELECT seq, priority, available_at,
            WHERE e.key = m.key AND e.seq < m.seq AND e.state IN ({blocking})
        ) AS head
 FROM outbox_message AS m
-WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= :now
+WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= :now {filter}
 ORDER BY priority DESC, available_at, seq
 LIMIT :scan
 """
-SELECT_KEYED_HOLD = _SELECT_KEYED.format(blocking="'pending', 'in_flight', 'dead'")
-SELECT_KEYED_SKIP = _SELECT_KEYED.format(blocking="'pending', 'in_flight'")
+
+# Resources: see postgres_sql._CLAIM. :exclude is a JSON array.
+_RESOURCE_FILTER = """
+  AND {resource} NOT IN (SELECT value FROM json_each(:exclude))
+  AND (:only IS NULL OR {resource} = :only)"""
+
+
+def select_unkeyed(*, resource: str) -> str:
+    return _SELECT_UNKEYED.format(filter=_RESOURCE_FILTER.format(resource=resource))
+
+
+def select_keyed(*, hold: bool, resource: str) -> str:
+    blocking = "'pending', 'in_flight', 'dead'" if hold else "'pending', 'in_flight'"
+    return _SELECT_KEYED.format(
+        blocking=blocking, filter=_RESOURCE_FILTER.format(resource=resource)
+    )
+
 
 PARK = """
 UPDATE outbox_message SET held = 1 WHERE seq IN (SELECT value FROM json_each(:seqs))

@@ -7,12 +7,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from relay.core.bucket import Bucket
+from relay.core.circuit import Circuit
 from relay.core.policy import Dead, Retry
 from relay.errors import DatabaseUnavailable
 from relay.outcome import Fate, Outcome
 from relay.publisher import Done, Outgoing
 from relay.retention_loop import RetentionPolicy
-from relay.store.base import Claimed, StateCounts
+from relay.store.base import Claimed, ResourceRow, StateCounts, T
 
 EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -54,6 +56,8 @@ class FakeStore:
     rows: dict[int, Row] = field(default_factory=dict)
     fail_next: list[str] = field(default_factory=list)  # operation names that raise once
     history: list[tuple[int, str, str]] = field(default_factory=list)
+    resource_rows: dict[str, ResourceRow] = field(default_factory=dict)
+    now: dt.datetime = EPOCH  # the shared clock the resource transitions see
 
     def add(self, *claimed: Claimed) -> None:
         for c in claimed:
@@ -68,10 +72,24 @@ class FakeStore:
             raise DatabaseUnavailable(f"{op}: database is down (fake)")
 
     def claim(
-        self, *, owner: str, token: uuid.UUID, limit: int, lease_seconds: float
+        self,
+        *,
+        owner: str,
+        token: uuid.UUID,
+        limit: int,
+        lease_seconds: float,
+        exclude: Sequence[str] = (),
+        only: str | None = None,
     ) -> list[Claimed]:
         self._maybe_fail("claim")
-        ready = [r for r in self.rows.values() if r.state == "pending" and r.due][:limit]
+        ready = [
+            r
+            for r in self.rows.values()
+            if r.state == "pending"
+            and r.due
+            and r.claimed.exchange not in exclude
+            and (only is None or r.claimed.exchange == only)
+        ][:limit]
         for r in ready:
             r.state, r.token = "in_flight", token
         return [r.claimed for r in ready]
@@ -128,6 +146,19 @@ class FakeStore:
 
     def reclaim_expired(self, *, relay_id: str = "", max_attempts: int = 10) -> int:
         return 0
+
+    def resources(self) -> list[ResourceRow]:
+        self._maybe_fail("resources")
+        return [self.resource_rows[k] for k in sorted(self.resource_rows)]
+
+    def change_resource(
+        self, resource: str, change: Callable[[ResourceRow, dt.datetime], tuple[ResourceRow, T]]
+    ) -> T:
+        self._maybe_fail("change_resource")
+        row = self.resource_rows.get(resource) or ResourceRow(Circuit(resource), Bucket())
+        new, result = change(row, self.now)
+        self.resource_rows[resource] = new
+        return result
 
     def counts(self) -> StateCounts:
         by_state: dict[str, int] = {}

@@ -125,7 +125,7 @@ POLICY = RetryPolicy(max_attempts=3, max_attempts_by_exchange={"audit": 5}, max_
     [
         (_msg(), None, Publish, None),
         (_msg(), _f(FC.UNROUTABLE), Dead, None),
-        (_msg(), _f(FC.DESTINATION_MISSING), Dead, None),
+        (_msg(), _f(FC.DESTINATION_MISSING), Retry, True),  # a circuit matter, not permanent
         (_msg(), _f(FC.MALFORMED), Dead, None),
         (_msg(), _f(FC.REJECTED), Retry, True),
         (_msg(), _f(FC.AMBIGUOUS), Retry, True),
@@ -147,12 +147,41 @@ def test_decisions(
         assert decision.at > NOW
 
 
+@pytest.mark.parametrize(
+    ("msg", "kind"),
+    [
+        (_msg(), Retry),
+        (_msg(attempts=3), Retry),  # out of attempts, but the resource is at fault: no death
+        (_msg(created_at=NOW - dt.timedelta(hours=2)), Dead),  # max age still applies
+    ],
+)
+def test_a_failure_behind_an_open_circuit_burns_no_attempt(msg: Attempted, kind: type) -> None:
+    decision = decide(
+        msg,
+        _f(FC.DESTINATION_MISSING),
+        policy=POLICY,
+        now=NOW,
+        rng=random.Random(1),
+        circuit_open=True,
+    )
+    assert isinstance(decision, kind)
+    if isinstance(decision, Retry):
+        assert decision.burn is False
+        assert NOW <= decision.at <= NOW + dt.timedelta(seconds=POLICY.requeue_delay)
+    else:
+        assert isinstance(decision, Dead)
+        assert "max age" in decision.reason
+
+
 def test_permanence_is_configurable() -> None:
     lenient = RetryPolicy(permanent=frozenset({FC.MALFORMED}))
-    decision = decide(
-        _msg(), _f(FC.DESTINATION_MISSING), policy=lenient, now=NOW, rng=random.Random(1)
-    )
+    decision = decide(_msg(), _f(FC.UNROUTABLE), policy=lenient, now=NOW, rng=random.Random(1))
     assert isinstance(decision, Retry)
+    strict = RetryPolicy(permanent=frozenset({FC.DESTINATION_MISSING}))
+    decision = decide(
+        _msg(), _f(FC.DESTINATION_MISSING), policy=strict, now=NOW, rng=random.Random(1)
+    )
+    assert isinstance(decision, Dead)
     # malformed rows are dead whatever the configuration says: retrying cannot fix them
     nothing = RetryPolicy(permanent=frozenset())
     assert isinstance(
