@@ -196,7 +196,9 @@ class Relay:
         for part in self.guard.probes_due():
             if claimed >= room:
                 return claimed
-            if self.guard.try_probe(part):
+            # Only probe with a message in hand: an idle resource keeps its circuit open (its
+            # cooldown over), and its next message is the probe.
+            if self.store.has_ready(part) and self.guard.try_probe(part):
                 got = self._claim(1, now, only=part)
                 if not got:
                     self.guard.probe_found_nothing(part)

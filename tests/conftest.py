@@ -254,6 +254,13 @@ class Broker:
             self._channel.queue_bind(name, bind_to, routing_key=binding_key)
         return name
 
+    def delete_exchange(self, name: str) -> None:
+        """Delete an exchange now (an outage); its bindings go with it."""
+        self._channel.exchange_delete(name)
+
+    def bind(self, queue: str, exchange: str, binding_key: str = "#") -> None:
+        self._channel.queue_bind(queue, exchange, routing_key=binding_key)
+
     def depth(self, queue: str | None = None) -> int:
         """Ready messages in a queue (messages already pushed to a consumer are not counted)."""
         ok = self._channel.queue_declare(queue or self.queue, passive=True)

@@ -60,6 +60,9 @@ class Store(Protocol):
 
         Rows whose resource part is in `exclude` are passed by; with `only`, just that part's."""
 
+    def has_ready(self, part: str) -> bool:
+        """Whether a message of the resource `part` is ready to be claimed."""
+
     def resources(self) -> list[ResourceRow]:
         """Every resource row (circuits and buckets), shared by all relays."""
 

@@ -70,6 +70,20 @@ _RESOURCE_FILTER = """
       AND (CAST(:only AS text) IS NULL OR {resource} = CAST(:only AS text))"""
 
 
+# Whether a resource has a message a probe could take (checked before taking the probe, so an
+# idle resource is not probed with nothing and its circuit stays open until a message comes).
+_HAS_READY = """
+SELECT EXISTS (
+    SELECT 1 FROM outbox_message
+    WHERE state = 'pending' AND available_at <= now() AND NOT held AND {resource} = :only
+)
+"""
+
+
+def has_ready(*, resource: str) -> str:
+    return _HAS_READY.format(resource=resource)
+
+
 def claim(*, hold: bool, resource: str) -> str:
     """The claim statement for a dead-key mode and a resource expression (never user input)."""
     blocking = "'pending', 'in_flight', 'dead'" if hold else "'pending', 'in_flight'"

@@ -104,6 +104,7 @@ class SqlStore:
             self._select_keyed = self._stmt(keyed, now=_Time)
             self._park = text(sqlite_sql.PARK)
             self._unpark_next = text(sqlite_sql.UNPARK_NEXT)
+        self._has_ready = self._stmt(self._sql.has_ready(resource=part), now=_Time)
         self._claim = self._stmt(claim_sql, token=Uuid(), now=_Time, expires=_Time).columns(
             **_CLAIM_COLUMNS
         )
@@ -348,6 +349,11 @@ class SqlStore:
 
     def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
         return run_retention_once(self.engine, policy, now)
+
+    def has_ready(self, part: str) -> bool:
+        params: dict[str, Any] = {"only": part} if self._pg else {"only": part, "now": self._now()}
+        with self._conn() as conn:
+            return bool(conn.execute(self._has_ready, params).scalar_one())
 
     def resources(self) -> list[ResourceRow]:
         with self._conn() as conn:

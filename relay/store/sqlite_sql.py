@@ -35,6 +35,19 @@ _RESOURCE_FILTER = """
   AND (:only IS NULL OR {resource} = :only)"""
 
 
+# See postgres_sql._HAS_READY.
+_HAS_READY = """
+SELECT EXISTS (
+    SELECT 1 FROM outbox_message
+    WHERE state = 'pending' AND available_at <= :now AND NOT held AND {resource} = :only
+)
+"""
+
+
+def has_ready(*, resource: str) -> str:
+    return _HAS_READY.format(resource=resource)
+
+
 def select_unkeyed(*, resource: str) -> str:
     return _SELECT_UNKEYED.format(filter=_RESOURCE_FILTER.format(resource=resource))
 

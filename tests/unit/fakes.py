@@ -147,6 +147,12 @@ class FakeStore:
     def reclaim_expired(self, *, relay_id: str = "", max_attempts: int = 10) -> int:
         return 0
 
+    def has_ready(self, part: str) -> bool:
+        return any(
+            r.state == "pending" and r.due and r.claimed.exchange == part
+            for r in self.rows.values()
+        )
+
     def resources(self) -> list[ResourceRow]:
         self._maybe_fail("resources")
         return [self.resource_rows[k] for k in sorted(self.resource_rows)]
