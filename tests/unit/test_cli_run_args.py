@@ -47,3 +47,50 @@ def test_bad_run_flags_exit_2(
         cli.main(argv)
     assert exited.value.code == 2
     assert words in capsys.readouterr().err
+
+
+def test_circuit_and_rate_limit_flags() -> None:
+    config = _config(
+        ["run", "--circuit-threshold", "7", "--circuit-cooldown", "2s",
+         "--circuit-max-cooldown", "1m", "--circuit-scope", "routing_key",
+         "--rate-limit", "orders=25", "--rate-limit", "audit=0.5,mail=3"]
+    )  # fmt: skip
+    c = config.circuit
+    assert (c.threshold, c.cooldown, c.max_cooldown) == (7, 2, 60)
+    assert c.probe_timeout > config.confirm_timeout
+    assert config.circuit_scope == "routing_key"
+    assert dict(config.rate_limits) == {"orders": 25.0, "audit": 0.5, "mail": 3.0}
+
+
+def test_circuit_defaults() -> None:
+    config = _config(["run"])
+    assert (config.circuit.threshold, config.circuit.cooldown) == (5, 5.0)
+    assert config.circuit_scope == "exchange"
+    assert config.rate_limits == {}
+    assert FailureClass.DESTINATION_MISSING not in config.policy.permanent
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["run", "--rate-limit", "orders"], "RESOURCE=RATE"),
+        (["run", "--rate-limit", "orders=0"], "RESOURCE=RATE"),
+        (["run", "--circuit-scope", "queue"], "invalid choice"),
+        (["run", "--circuit-threshold", "0"], "must be positive"),
+    ],
+)
+def test_bad_circuit_flags_exit_2(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_cooldown_longer_than_its_maximum_is_a_configuration_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli.main(["run", "--circuit-cooldown", "10m", "--circuit-max-cooldown", "1m"])
+    assert code == 2
+    assert "circuit cooldown" in capsys.readouterr().err
