@@ -8,6 +8,7 @@ with Session(engine) as session, session.begin():
 """
 
 from outbox.config import configure
+from outbox.consumer import Consumer, ConsumerPolicy, Message, Processor, Reject, Retry
 from outbox.enqueue import enqueue
 from outbox.errors import (
     IdempotencyConflict,
@@ -20,21 +21,30 @@ from outbox.errors import (
     PayloadTooLarge,
     SchemaMissing,
 )
+from outbox.inbox import process_once, purge_inbox
 from outbox.schema import create_schema
 from outbox.states import State
 
 __all__ = [
+    "Consumer",
+    "ConsumerPolicy",
     "IdempotencyConflict",
     "InvalidDestination",
     "InvalidHeader",
     "InvalidMessage",
     "InvalidOption",
+    "Message",
     "OutboxError",
     "PayloadEncodingError",
     "PayloadTooLarge",
+    "Processor",
+    "Reject",
+    "Retry",
     "SchemaMissing",
     "State",
     "configure",
     "create_schema",
     "enqueue",
+    "process_once",
+    "purge_inbox",
 ]

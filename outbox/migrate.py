@@ -81,7 +81,11 @@ def _v3(conn: Connection) -> None:
     schema.resource.create(conn, checkfirst=True)
 
 
-MIGRATIONS: dict[int, Migration] = {1: _v1, 2: _v2, 3: _v3}
+def _v4(conn: Connection) -> None:
+    schema.inbox.create(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Migration] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
 
 
 def current_version(conn: Connection) -> int:

@@ -33,7 +33,7 @@ from sqlalchemy.exc import DBAPIError
 
 from outbox.states import ALL_STATES
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = MetaData()
 
@@ -170,6 +170,17 @@ resource = Table(
     Column("tokens", Float, nullable=True),
     Column("tokens_at", _Time, nullable=True),
     CheckConstraint("state IN ('closed', 'open', 'half_open')", name="outbox_resource_state_check"),
+)
+
+# The consumer side: one row per message a consumer has processed (outbox/inbox.py). The primary
+# key is what makes a second delivery a no-op; processed_at drives retention.
+inbox = Table(
+    "outbox_inbox",
+    metadata,
+    Column("consumer", String(255), primary_key=True),
+    Column("message_id", String(255), primary_key=True),
+    Column("processed_at", _Time, nullable=False),
+    Index("outbox_inbox_processed_idx", "processed_at"),
 )
 
 schema_version = Table(
