@@ -24,9 +24,10 @@ from sqlalchemy.orm import Session
 from outbox.errors import InvalidOption
 from outbox.schema import inbox
 
+# RETURNING tells whether a row went in (psycopg reports no rowcount for this statement).
 _INSERT = {
-    "postgresql": postgresql.insert(inbox).on_conflict_do_nothing(),
-    "sqlite": sqlite.insert(inbox).on_conflict_do_nothing(),
+    "postgresql": postgresql.insert(inbox).on_conflict_do_nothing().returning(inbox.c.consumer),
+    "sqlite": sqlite.insert(inbox).on_conflict_do_nothing().returning(inbox.c.consumer),
 }
 
 
@@ -41,7 +42,7 @@ def process_once(db: Session | Connection, *, consumer: str, message_id: str) ->
     if statement is None:
         raise InvalidOption(f"the inbox supports PostgreSQL and SQLite, not {conn.dialect.name}")
     row = {"consumer": consumer, "message_id": message_id, "processed_at": _now()}
-    return bool(conn.execute(statement, row).rowcount == 1)
+    return conn.execute(statement, row).first() is not None
 
 
 def purge_inbox(

@@ -254,6 +254,14 @@ class Broker:
             self._channel.queue_bind(name, bind_to, routing_key=binding_key)
         return name
 
+    def own(self, queue: str) -> str:
+        """Delete `queue` at teardown too (one that the code under test declared)."""
+        self._queues.append(queue)
+        return queue
+
+    def publish(self, routing_key: str, body: bytes, properties: Any, exchange: str = "") -> None:
+        self._channel.basic_publish(exchange, routing_key, body, properties)
+
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange now (an outage); its bindings go with it."""
         self._channel.exchange_delete(name)
