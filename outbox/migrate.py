@@ -85,7 +85,11 @@ def _v4(conn: Connection) -> None:
     schema.inbox.create(conn, checkfirst=True)
 
 
-MIGRATIONS: dict[int, Migration] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
+def _v5(conn: Connection) -> None:
+    schema.relay_instance.create(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Migration] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
 
 
 def current_version(conn: Connection) -> int:

@@ -33,7 +33,7 @@ from sqlalchemy.exc import DBAPIError
 
 from outbox.states import ALL_STATES
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = MetaData()
 
@@ -170,6 +170,15 @@ resource = Table(
     Column("tokens", Float, nullable=True),
     Column("tokens_at", _Time, nullable=True),
     CheckConstraint("state IN ('closed', 'open', 'half_open')", name="outbox_resource_state_check"),
+)
+
+# One row per running relay, refreshed every few seconds: how many relays are alive, and which.
+relay_instance = Table(
+    "outbox_relay",
+    metadata,
+    Column("relay_id", String(255), primary_key=True),
+    Column("started_at", _Time, nullable=False),
+    Column("last_seen", _Time, nullable=False),
 )
 
 # The consumer side: one row per message a consumer has processed (outbox/inbox.py). The primary

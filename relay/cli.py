@@ -70,6 +70,12 @@ def _exchange_limit(raw: str) -> tuple[str, int]:
     return name, int(number)
 
 
+def _port(raw: str) -> int:
+    if not raw.isdigit() or int(raw) > 65535:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a port number (0 to 65535)")
+    return int(raw)
+
+
 def _rate_limit(raw: str) -> tuple[str, float]:
     name, sep, number = raw.rpartition("=")
     try:
@@ -268,6 +274,18 @@ def build_parser() -> argparse.ArgumentParser:
         "by every relay; repeatable (env OUTBOX_RATE_LIMITS, comma-separated)",
     )
     run.add_argument(
+        "--http-port",
+        type=_port,
+        default=_port(env("OUTBOX_HTTP_PORT", "0")),
+        help="serve /healthz, /readyz and /metrics on this port; 0 turns it off "
+        "(env OUTBOX_HTTP_PORT; default 0)",
+    )
+    run.add_argument(
+        "--http-host",
+        default=env("OUTBOX_HTTP_HOST", "0.0.0.0"),  # noqa: S104 - probes come from outside
+        help="address for --http-port (env OUTBOX_HTTP_HOST; default 0.0.0.0)",
+    )
+    run.add_argument(
         "--confirm-timeout",
         type=_positive_float,
         default=float(env("OUTBOX_CONFIRM_TIMEOUT", "20")),
@@ -365,6 +383,8 @@ def _config(args: argparse.Namespace) -> RelayConfig:
             ),
             circuit_scope=args.circuit_scope,
             rate_limits=dict(args.rate_limit),
+            http_port=args.http_port,
+            http_host=args.http_host,
         )
     return RelayConfig(**kwargs)  # type: ignore[arg-type]
 

@@ -50,6 +50,9 @@ class RelayConfig:
     # Messages per second per resource part (the exchange, at the default scope), shared by
     # every relay: three relays together keep to the rate.
     rate_limits: Mapping[str, float] = field(default_factory=dict)
+    # /healthz, /readyz and /metrics on this port (0: off), on http_host.
+    http_port: int = 0
+    http_host: str = "0.0.0.0"  # noqa: S104 - probes come from the orchestrator, not localhost
 
     def __post_init__(self) -> None:
         _positive("batch_size", self.batch_size)
@@ -97,6 +100,8 @@ class RelayConfig:
                 f"circuit scope must be broker, exchange or routing_key, not {self.circuit_scope!r}"
             )
         _positive("circuit_refresh", self.circuit_refresh)
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http port must be between 0 and 65535, got {self.http_port}")
         for part, rate in self.rate_limits.items():
             if not rate > 0:
                 raise ConfigError(f"rate limit for {part!r} must be positive, got {rate}")

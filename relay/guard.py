@@ -85,6 +85,10 @@ class ResourceGuard:
     def circuit(self, part: str) -> Circuit:
         return self._view.get(part) or Circuit(self.naming.name(part))
 
+    def states(self) -> dict[str, CircuitState]:
+        """Every known circuit of this broker and scope, by full resource name (for metrics)."""
+        return {c.resource: c.state for c in list(self._view.values())}
+
     def exclude(self) -> list[str]:
         """Parts the main claim passes by: open circuits, and rate-limited parts (claimed on
         their own, as their tokens allow)."""

@@ -7,6 +7,7 @@ confirms, the next is already claimed and published, up to `max_in_flight` messa
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import queue
@@ -17,19 +18,30 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from opentelemetry.trace import Span
+
 from relay.config import RelayConfig
 from relay.core.circuit import is_resource_failure
 from relay.core.failures import Classified, classify
 from relay.core.policy import Attempted, Dead, Publish, Retry, decide
 from relay.errors import DatabaseUnavailable
 from relay.guard import ResourceGuard
+from relay.observe import Observer
 from relay.outcome import Fate, Outcome
 from relay.publisher import Done, Outgoing
 from relay.retention_loop import RetentionPolicy
 from relay.store.base import Claimed, Store
+from relay.telemetry import Telemetry
 from relay.wire import MalformedRow, to_outgoing
 
 log = logging.getLogger("relay")
+
+
+def _kind(decision: Retry | Dead) -> str:
+    """How a failed attempt ended: dead, retry (an attempt burned) or deferred (none burned)."""
+    if isinstance(decision, Dead):
+        return "dead"
+    return "retry" if decision.burn else "deferred"
 
 
 class PublisherPort(Protocol):
@@ -46,6 +58,7 @@ class _Lease:
     token: uuid.UUID
     rows: dict[int, Claimed]
     extended_at: float
+    spans: dict[int, Span] = field(default_factory=dict)  # send spans, when tracing is on
 
 
 @dataclass(slots=True)
@@ -97,6 +110,7 @@ class Relay:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         rng: random.Random | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -116,6 +130,10 @@ class Relay:
         self._db_backoff = 0.0
         self.summary = RunSummary()
         self.guard = ResourceGuard(store, config, clock=clock, wall=wall, rng=self._rng)
+        self.observer = Observer(
+            telemetry or Telemetry(), store=store, circuits=self.guard.states, clock=clock
+        )
+        self.heartbeat = clock()  # when the loop last turned (for /healthz)
 
     # ----------------------------------------------------------------- control
 
@@ -177,15 +195,19 @@ class Relay:
         self, limit: int, now: float, *, exclude: Sequence[str] = (), only: str | None = None
     ) -> int:
         token = uuid.uuid4()
-        rows = self.store.claim(
-            owner=self.config.relay_id,
-            token=token,
-            limit=limit,
-            lease_seconds=self.config.lease_seconds,
-            exclude=exclude,
-            only=only,
-        )
+        with self.observer.loop_span("claim", limit=limit) as span:
+            rows = self.store.claim(
+                owner=self.config.relay_id,
+                token=token,
+                limit=limit,
+                lease_seconds=self.config.lease_seconds,
+                exclude=exclude,
+                only=only,
+            )
+            if span is not None:
+                span.set_attribute("outbox.claimed", len(rows))
         if rows:
+            self.observer.claimed(len(rows))
             self._send(token, rows, now)
         return len(rows)
 
@@ -215,13 +237,20 @@ class Relay:
         return claimed
 
     def _send(self, token: uuid.UUID, rows: list[Claimed], now: float) -> None:
-        self._leases[token] = _Lease(token, {r.seq: r for r in rows}, now)
+        lease = self._leases[token] = _Lease(token, {r.seq: r for r in rows}, now)
         self.summary.claimed += len(rows)
         items: list[Outgoing] = []
         broken: list[Outcome] = []
+        traced = self.observer.tracer is not None
         for row in rows:
             try:
-                items.append(to_outgoing(row))
+                if traced:
+                    span, parent, state = self.observer.start_send(row)
+                    if span is not None:
+                        lease.spans[row.seq] = span
+                    items.append(to_outgoing(row, traceparent=parent, tracestate=state))
+                else:
+                    items.append(to_outgoing(row))
             except MalformedRow as exc:
                 broken.append(
                     Outcome(row.seq, Fate.NOT_SENT, f"malformed row: {exc}", malformed=True)
@@ -327,17 +356,46 @@ class Relay:
             self._db_failed("settle", exc)
             return
         self._count_failures(failures, result)
+        self._observe(finished, confirmed, failures)
         # Settling can make new rows claimable (the next message of each key whose head was
         # just published), so claim again now rather than at the next poll.
         self._next_claim = 0.0
         self._empty = 0
         self._leases.pop(finished.token, None)
 
+    def _observe(
+        self, finished: _Finished, confirmed: list[int], failures: list[Retry | Dead]
+    ) -> None:
+        """Metrics and span ends for a settled batch (cheap no-ops with telemetry off)."""
+        lease = self._leases.get(finished.token)
+        if lease is None:
+            return
+        now = self._wall()
+        observer, rows, spans = self.observer, lease.rows, lease.spans
+        by_exchange: dict[str, int] = {}
+        for seq in confirmed:
+            row = rows[seq]
+            by_exchange[row.exchange] = by_exchange.get(row.exchange, 0) + 1
+            observer.latency(row, now)
+            span = spans.pop(seq, None)
+            if span is not None:
+                observer.end_published(span)
+        for exchange, n in by_exchange.items():
+            observer.published(exchange, n)
+        for decision in failures:
+            row = rows[decision.seq]
+            observer.failed(row.exchange, _kind(decision), decision.failure.cls.value, 1)
+            span = spans.pop(decision.seq, None)
+            if span is not None:
+                observer.end_failed(span, decision)
+        for span in spans.values():  # rows whose lease was lost meanwhile
+            observer.end_released(span, "the lease was lost before the outcome was written")
+        spans.clear()
+
     def _count_failures(self, failures: list[Retry | Dead], result: PassResult) -> None:
         groups: dict[tuple[str, str], list[Retry | Dead]] = {}
         for d in failures:
-            kind = "dead" if isinstance(d, Dead) else ("retry" if d.burn else "deferred")
-            groups.setdefault((kind, d.failure.cls.value), []).append(d)
+            groups.setdefault((_kind(d), d.failure.cls.value), []).append(d)
         for (kind, cls), group in groups.items():
             self.summary.failures[cls] = self.summary.failures.get(cls, 0) + len(group)
             first = group[0]
@@ -354,6 +412,7 @@ class Relay:
 
     def _maintain_leases(self, result: PassResult, now: float) -> None:
         try:
+            self.store.heartbeat(self.config.relay_id)
             result.reclaimed = self.store.reclaim_expired(
                 relay_id=self.config.relay_id, max_attempts=self.config.policy.max_attempts
             )
@@ -399,11 +458,14 @@ class Relay:
         """Relay until `request_stop()`; then drain in-flight confirms and return."""
         log.info("relay.started", extra={"relay_id": self.config.relay_id})
         while not self._stopping:
+            self.heartbeat = self._clock()
             result = self.run_once()
             if result.full_batch:
                 continue  # backlog: claim the next batch at once
             self._wait(self._wait_time())
         self._drain()
+        with contextlib.suppress(DatabaseUnavailable):  # if so, its heartbeat just ages out
+            self.store.forget_relay(self.config.relay_id)
         log.info(
             "relay.stopped",
             extra={
@@ -464,6 +526,8 @@ class Relay:
             except DatabaseUnavailable as exc:
                 log.error("relay.release_failed", extra={"error": str(exc)})
                 continue
+            for span in lease.spans.values():
+                self.observer.end_released(span, why)
             self._leases.pop(token, None)
         self.summary.released += released
         return released

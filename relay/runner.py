@@ -10,10 +10,12 @@ from types import FrameType
 from outbox.migrate import current_version
 from outbox.schema import SCHEMA_VERSION
 from relay.config import RelayConfig
-from relay.errors import SchemaNotFound
+from relay.errors import ConfigError, SchemaNotFound
+from relay.health import HealthServer
 from relay.publisher import Publisher
 from relay.relay import Relay
 from relay.store.sql_store import SqlStore, open_store
+from relay.telemetry import Telemetry, setup
 from relay.wakeup import listener_for
 
 log = logging.getLogger("relay")
@@ -36,7 +38,7 @@ def check_schema(store: SqlStore) -> None:
         )
 
 
-def build_relay(config: RelayConfig) -> Relay:
+def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Relay:
     store = open_store(config.db_url, dead_key=config.dead_key, scope=config.circuit_scope)
     check_schema(store)
     publisher = Publisher(
@@ -45,11 +47,47 @@ def build_relay(config: RelayConfig) -> Relay:
         name=f"outbox-relay {config.relay_id}",
     )
     publisher.start()
-    return Relay(store, publisher, config)
+    return Relay(store, publisher, config, telemetry=telemetry)
+
+
+def start_http(config: RelayConfig, relay: Relay, telemetry: Telemetry) -> HealthServer | None:
+    if not config.http_port:
+        return None
+    try:
+        server = HealthServer(
+            config.http_host,
+            config.http_port,
+            heartbeat=lambda: relay.heartbeat,
+            # A turn waits at most poll_interval; a settle or claim can take a database timeout.
+            stale_after=max(30.0, 10 * config.poll_interval),
+            database=relay.store.ping,
+            broker_ready=lambda: relay.publisher.ready,
+            registry=telemetry.registry,
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"--http-port: cannot listen on {config.http_host}:{config.http_port}: {exc.strerror}"
+        ) from None
+    server.start()
+    return server
 
 
 def run_relay(config: RelayConfig) -> int:
-    relay = build_relay(config)
+    telemetry = setup(prometheus=bool(config.http_port))
+    try:
+        return _run(config, telemetry)
+    finally:
+        telemetry.shutdown()  # flushes the last spans of the drain
+
+
+def _run(config: RelayConfig, telemetry: Telemetry) -> int:
+    relay = build_relay(config, telemetry)
+    try:
+        http = start_http(config, relay, telemetry)
+    except ConfigError:
+        relay.publisher.stop()
+        relay.store.close()
+        raise
     signals = 0
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -85,5 +123,7 @@ def run_relay(config: RelayConfig) -> int:
     finally:
         if listener is not None:
             listener.stop()
+        if http is not None:
+            http.stop()
         relay.store.close()
     return 0

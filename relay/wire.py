@@ -17,16 +17,22 @@ class MalformedRow(ValueError):
     """A stored row cannot be turned into an AMQP message."""
 
 
-def to_outgoing(row: Claimed) -> Outgoing:
+def to_outgoing(
+    row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None
+) -> Outgoing:
+    """The message for `row`; `traceparent`/`tracestate` replace the stored ones (the relay's
+    send span, when tracing is on)."""
     if row.headers is not None and not isinstance(row.headers, dict):
         raise MalformedRow(f"headers must be a JSON object, found {type(row.headers).__name__}")
     headers: dict[str, Any] = dict(row.headers) if row.headers else {}
     if row.key is not None:
         headers[KEY_HEADER] = row.key
-    if row.traceparent:
-        headers["traceparent"] = row.traceparent
-        if row.tracestate:
-            headers["tracestate"] = row.tracestate
+    parent = traceparent or row.traceparent
+    if parent:
+        headers["traceparent"] = parent
+        state = tracestate if traceparent else row.tracestate
+        if state:
+            headers["tracestate"] = state
     for name, value in headers.items():
         if not isinstance(value, str | int | float | bool):
             raise MalformedRow(f"header {name!r} has a {type(value).__name__} value")

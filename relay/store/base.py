@@ -97,6 +97,15 @@ class Store(Protocol):
     def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
         """One bounded retention pass: delete the terminal messages `policy` says have expired."""
 
+    def heartbeat(self, relay_id: str) -> None:
+        """Say this relay is alive (outbox_relay)."""
+
+    def forget_relay(self, relay_id: str) -> None:
+        """Remove this relay's heartbeat on a clean stop."""
+
+    def relays(self, within_seconds: float) -> list[tuple[str, dt.datetime, dt.datetime]]:
+        """Relays seen within `within_seconds`."""
+
     def counts(self) -> StateCounts: ...
 
     def ping(self) -> None: ...

@@ -45,3 +45,21 @@ WHERE resource = :resource
 """
 
 DELETE = "DELETE FROM outbox_resource WHERE resource = :resource"
+
+# Relay heartbeats (outbox_relay): each running relay refreshes its row every few seconds.
+HEARTBEAT_PG = """
+INSERT INTO outbox_relay (relay_id, started_at, last_seen) VALUES (:relay_id, now(), now())
+ON CONFLICT (relay_id) DO UPDATE SET last_seen = now()
+"""
+HEARTBEAT_SQLITE = """
+INSERT INTO outbox_relay (relay_id, started_at, last_seen) VALUES (:relay_id, :now, :now)
+ON CONFLICT (relay_id) DO UPDATE SET last_seen = :now
+"""
+FORGET_RELAY = "DELETE FROM outbox_relay WHERE relay_id = :relay_id"
+RELAYS_PG = """
+SELECT relay_id, started_at, last_seen FROM outbox_relay
+WHERE last_seen > now() - make_interval(secs => :within) ORDER BY relay_id
+"""
+RELAYS_SQLITE = """
+SELECT relay_id, started_at, last_seen FROM outbox_relay WHERE last_seen > :since ORDER BY relay_id
+"""

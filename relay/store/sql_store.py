@@ -147,6 +147,13 @@ class SqlStore:
             changed_at=_Time,
             tokens_at=_Time,
         )
+        self._heartbeat = self._stmt(
+            resource_sql.HEARTBEAT_PG if self._pg else resource_sql.HEARTBEAT_SQLITE, now=_Time
+        )
+        self._forget_relay = text(resource_sql.FORGET_RELAY)
+        self._relays = self._stmt(
+            resource_sql.RELAYS_PG if self._pg else resource_sql.RELAYS_SQLITE, since=_Time
+        ).columns(relay_id=String(), started_at=_Time, last_seen=_Time)
         self._count_by_state = text(self._sql.COUNT_BY_STATE)
         self._pending = self._stmt(self._sql.PENDING_SUMMARY, now=_Time)
 
@@ -375,6 +382,27 @@ class SqlStore:
                 raise
             conn.exec_driver_sql("COMMIT")
         return result
+
+    def heartbeat(self, relay_id: str) -> None:
+        params: dict[str, Any] = {"relay_id": relay_id}
+        if not self._pg:
+            params["now"] = self._now()
+        with self._conn() as conn:
+            conn.execute(self._heartbeat, params)
+
+    def forget_relay(self, relay_id: str) -> None:
+        with self._conn() as conn:
+            conn.execute(self._forget_relay, {"relay_id": relay_id})
+
+    def relays(self, within_seconds: float) -> list[tuple[str, dt.datetime, dt.datetime]]:
+        """Relays whose heartbeat is more recent than `within_seconds`: (id, started, last seen)."""
+        params: dict[str, Any] = (
+            {"within": within_seconds}
+            if self._pg
+            else {"since": self._now() - dt.timedelta(seconds=within_seconds)}
+        )
+        with self._conn() as conn:
+            return [(r[0], _utc(r[1]), _utc(r[2])) for r in conn.execute(self._relays, params)]
 
     def counts(self) -> StateCounts:
         now = self._now()

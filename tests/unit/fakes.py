@@ -58,6 +58,7 @@ class FakeStore:
     history: list[tuple[int, str, str]] = field(default_factory=list)
     resource_rows: dict[str, ResourceRow] = field(default_factory=dict)
     now: dt.datetime = EPOCH  # the shared clock the resource transitions see
+    alive: dict[str, dt.datetime] = field(default_factory=dict)
 
     def add(self, *claimed: Claimed) -> None:
         for c in claimed:
@@ -152,6 +153,15 @@ class FakeStore:
             r.state == "pending" and r.due and r.claimed.exchange == part
             for r in self.rows.values()
         )
+
+    def heartbeat(self, relay_id: str) -> None:
+        self.alive[relay_id] = self.now
+
+    def forget_relay(self, relay_id: str) -> None:
+        self.alive.pop(relay_id, None)
+
+    def relays(self, within_seconds: float) -> list[tuple[str, dt.datetime, dt.datetime]]:
+        return [(r, t, t) for r, t in sorted(self.alive.items())]
 
     def resources(self) -> list[ResourceRow]:
         self._maybe_fail("resources")

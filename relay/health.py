@@ -1,0 +1,102 @@
+"""The relay's HTTP endpoint: /healthz (liveness), /readyz (readiness) and /metrics (Prometheus).
+
+    /healthz  200 while the loop turns (it did within `stale_after` seconds), else 503: a stuck
+              relay is restarted by its orchestrator.
+    /readyz   200 when the database answers and the broker connection is open, else 503 with a
+              JSON body saying which is not.
+    /metrics  the relay's OpenTelemetry metrics in the Prometheus text format.
+
+It runs in a daemon thread and only reads: it never touches the loop's state beyond one timestamp.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger("relay")
+
+PATHS = ("/healthz", "/readyz", "/metrics")
+
+
+class HealthServer:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        heartbeat: Callable[[], float],
+        stale_after: float,
+        database: Callable[[], None],
+        broker_ready: Callable[[], bool],
+        registry: CollectorRegistry | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, content_type, body = server.answer(self.path.split("?", 1)[0])
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # probes every few seconds would drown the relay's own log
+
+        self._heartbeat = heartbeat
+        self._stale_after = stale_after
+        self._database = database
+        self._broker_ready = broker_ready
+        self._registry = registry
+        self._clock = clock
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="outbox-relay-http", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("http.listening", extra={"port": self.port, "paths": ",".join(PATHS)})
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def answer(self, path: str) -> tuple[int, str, bytes]:
+        if path == "/healthz":
+            age = self._clock() - self._heartbeat()
+            ok = age <= self._stale_after
+            return _json(200 if ok else 503, {"status": "ok" if ok else "stalled",
+                                             "loop_age_s": round(age, 3)})  # fmt: skip
+        if path == "/readyz":
+            checks: dict[str, str] = {}
+            try:
+                self._database()
+                checks["database"] = "ok"
+            except Exception as exc:
+                checks["database"] = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            checks["broker"] = "ok" if self._broker_ready() else "not connected"
+            ok = all(v == "ok" for v in checks.values())
+            return _json(200 if ok else 503, {"status": "ok" if ok else "not ready", **checks})
+        if path == "/metrics":
+            if self._registry is None:
+                return 404, "text/plain", b"metrics are off\n"
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
+        return _json(404, {"error": f"no such path; try {', '.join(PATHS)}"})
+
+
+def _json(status: int, body: dict[str, Any]) -> tuple[int, str, bytes]:
+    return status, "application/json", (json.dumps(body) + "\n").encode()

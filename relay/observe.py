@@ -1,0 +1,187 @@
+"""What the relay tells OpenTelemetry: a span per publish, sampled loop spans, and its metrics.
+
+Each message's `send {exchange}:{routing_key}` span (kind PRODUCER) is a child of the context
+`enqueue` stored with the row, so it belongs to the producing request's trace; its own context is
+what goes into the message's `traceparent`, so the consumer's `process` span is its child. The span
+lasts from the publish to the broker's answer and says how it ended (`outbox.outcome`: published,
+retry, deferred, dead, released); retries, deferrals and dead-lettering are span events with the
+reason. With tracing off (no exporter configured) none of this runs.
+
+The loop's own work (a claim, a settlement) gets a span at most once per `LOOP_SPAN_EVERY` seconds
+per kind: enough to see what a turn costs without one span per batch flooding a backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from relay.core.circuit import CircuitState
+from relay.core.policy import Dead, Retry
+from relay.store.base import Claimed, Store
+from relay.telemetry import Telemetry, gauge
+
+LOOP_SPAN_EVERY = 1.0  # seconds between two sampled loop spans of one kind
+ALIVE_WITHIN = 30.0  # a relay whose heartbeat is older than this is not counted as alive
+_W3C = TraceContextTextMapPropagator()
+_CIRCUIT_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
+
+
+class Observer:
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        *,
+        store: Store,
+        circuits: Callable[[], dict[str, CircuitState]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tracer = telemetry.tracer
+        self._clock = clock
+        self._next_loop_span: dict[str, float] = {}
+        meter = telemetry.meter
+        self._published = meter.create_counter(
+            "outbox.messages.published", unit="{message}", description="confirmed by the broker"
+        )
+        self._failed = meter.create_counter(
+            "outbox.messages.failed",
+            unit="{message}",
+            description="failed attempts, by outcome (retry, deferred, dead) and failure class",
+        )
+        self._latency = meter.create_histogram(
+            "outbox.publish.latency",
+            unit="s",
+            description="from when a message became due (its commit, or the end of its delay or "
+            "backoff) to the broker's confirm",
+        )
+        self._batch = meter.create_histogram(
+            "outbox.claim.batch_size", unit="{message}", description="rows per claim"
+        )
+        if telemetry.meter_provider is None:
+            return  # nothing reads gauges: do not query the database for them
+
+        def states() -> list[tuple[float, dict[str, str]]]:
+            counts = store.counts()
+            rows = [(float(n), {"state": s}) for s, n in counts.by_state.items()]
+            return [*rows, (float(counts.ready), {"state": "ready"})]
+
+        def oldest() -> list[tuple[float, dict[str, str]]]:
+            age = store.counts().oldest_ready_age_s
+            return [(age or 0.0, {})]
+
+        gauge(meter, "outbox.messages", "{message}", "messages by state", states)
+        gauge(
+            meter,
+            "outbox.oldest_ready.age",
+            "s",
+            "how long the longest-waiting due message has waited: the lag of a stuck outbox",
+            oldest,
+        )
+        gauge(
+            meter,
+            "outbox.circuit.state",
+            "1",
+            "circuit per resource: 0 closed, 1 half-open (probing), 2 open",
+            lambda: [
+                (float(_CIRCUIT_VALUE[state]), {"resource": name})
+                for name, state in circuits().items()
+            ],
+        )
+        gauge(
+            meter,
+            "outbox.relays.alive",
+            "{relay}",
+            f"relays whose heartbeat is younger than {ALIVE_WITHIN:g} s",
+            lambda: [(float(len(store.relays(ALIVE_WITHIN))), {})],
+        )
+
+    # ----------------------------------------------------------------- spans
+
+    def start_send(self, row: Claimed) -> tuple[Span | None, str | None, str | None]:
+        """Start a message's send span; return it and the traceparent/tracestate to publish."""
+        if self.tracer is None:
+            return None, row.traceparent, row.tracestate
+        carrier = {"traceparent": row.traceparent or "", "tracestate": row.tracestate or ""}
+        parent = _W3C.extract(carrier) if row.traceparent else None
+        destination = f"{row.exchange}:{row.routing_key}"
+        span = self.tracer.start_span(
+            f"send {destination}",
+            context=parent,
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "rabbitmq",
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "publish",
+                "messaging.destination.name": destination,
+                "messaging.rabbitmq.destination.routing_key": row.routing_key,
+                "messaging.message.id": str(row.id),
+                "outbox.attempt": row.attempts,
+                **({"outbox.key": row.key} if row.key is not None else {}),
+            },
+        )
+        out: dict[str, str] = {}
+        _W3C.inject(out, context=trace.set_span_in_context(span))
+        return span, out.get("traceparent"), out.get("tracestate") or row.tracestate
+
+    @staticmethod
+    def end_published(span: Span) -> None:
+        span.set_attribute("outbox.outcome", "published")
+        span.end()
+
+    @staticmethod
+    def end_failed(span: Span, decision: Retry | Dead) -> None:
+        failure = decision.failure
+        span.set_attribute("outbox.failure_class", failure.cls.value)
+        if isinstance(decision, Dead):
+            span.set_attribute("outbox.outcome", "dead")
+            span.add_event("dead-lettered", {"reason": decision.reason[:1000]})
+            span.set_status(Status(StatusCode.ERROR, decision.reason[:200]))
+        else:
+            kind = "retry" if decision.burn else "deferred"
+            span.set_attribute("outbox.outcome", kind)
+            span.add_event(
+                "retry scheduled" if decision.burn else "deferred",
+                {"next_attempt_at": decision.at.isoformat(), "error": failure.detail[:1000]},
+            )
+            span.set_status(Status(StatusCode.ERROR, failure.detail[:200]))
+        span.end()
+
+    @staticmethod
+    def end_released(span: Span, why: str) -> None:
+        span.set_attribute("outbox.outcome", "released")
+        span.add_event("released", {"reason": why})
+        span.end()
+
+    @contextlib.contextmanager
+    def loop_span(self, name: str, **attributes: Any) -> Iterator[Span | None]:
+        """A span around a turn of the loop, sampled to one per LOOP_SPAN_EVERY per kind."""
+        now = self._clock()
+        if self.tracer is None or now < self._next_loop_span.get(name, 0.0):
+            yield None
+            return
+        self._next_loop_span[name] = now + LOOP_SPAN_EVERY
+        with self.tracer.start_as_current_span(f"outbox.relay {name}", attributes=attributes) as s:
+            yield s
+
+    # ----------------------------------------------------------------- metrics
+
+    def published(self, exchange: str, n: int) -> None:
+        self._published.add(n, {"exchange": exchange})
+
+    def failed(self, exchange: str, outcome: str, failure_class: str, n: int) -> None:
+        self._failed.add(
+            n, {"exchange": exchange, "outcome": outcome, "failure_class": failure_class}
+        )
+
+    def latency(self, row: Claimed, now: dt.datetime) -> None:
+        self._latency.record(max(0.0, (now - row.available_at).total_seconds()))
+
+    def claimed(self, n: int) -> None:
+        self._batch.record(n)
