@@ -72,7 +72,8 @@ class HealthServer:
         log.info("http.listening", extra={"port": self.port, "paths": ",".join(PATHS)})
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        if self._thread.is_alive():
+            self._httpd.shutdown()  # waits for serve_forever to return
         self._httpd.server_close()
 
     def answer(self, path: str) -> tuple[int, str, bytes]:

@@ -45,6 +45,7 @@ from relay.config import RelayConfig
 from relay.publisher import Publisher
 from relay.relay import PassResult, Relay, RunSummary
 from relay.store.sql_store import SqlStore, open_store
+from relay.telemetry import Telemetry
 
 # A database the tests may create schemas in, and a broker (vhost) they may declare names in.
 PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
@@ -421,7 +422,9 @@ def broker(amqp_url: str) -> Iterator[Broker]:
 
 
 class RelayFactory(Protocol):
-    def __call__(self, db_url: str, *, run: bool = ..., **config: Any) -> Relay: ...
+    def __call__(
+        self, db_url: str, *, run: bool = ..., telemetry: Telemetry | None = ..., **config: Any
+    ) -> Relay: ...
 
 
 @dataclasses.dataclass
@@ -453,7 +456,9 @@ def relay_factory(amqp_url: str) -> Iterator[RelayFactory]:
     """
     built: list[_Running] = []
 
-    def factory(db_url: str, *, run: bool = True, **config: Any) -> Relay:
+    def factory(
+        db_url: str, *, run: bool = True, telemetry: Telemetry | None = None, **config: Any
+    ) -> Relay:
         settings = {**RELAY_TEST_CONFIG, **config}
         cfg = RelayConfig(
             db_url=db_url,
@@ -468,7 +473,7 @@ def relay_factory(amqp_url: str) -> Iterator[RelayFactory]:
         except BaseException:
             store.close()
             raise
-        relay = Relay(store, publisher, cfg)
+        relay = Relay(store, publisher, cfg, telemetry=telemetry)
         entry = _Running(relay, None)
         if run:
 
