@@ -23,6 +23,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from outbox.states import ALL_STATES
 from relay.core.circuit import CircuitState
 from relay.core.policy import Dead, Retry
 from relay.store.base import Claimed, Store
@@ -69,7 +70,8 @@ class Observer:
 
         def states() -> list[tuple[float, dict[str, str]]]:
             counts = store.counts()
-            rows = [(float(n), {"state": s}) for s, n in counts.by_state.items()]
+            # Every state, zeros included: a series that vanishes at zero reads as "no data".
+            rows = [(float(counts.by_state.get(s, 0)), {"state": s}) for s in ALL_STATES]
             return [*rows, (float(counts.ready), {"state": "ready"})]
 
         def oldest() -> list[tuple[float, dict[str, str]]]:

@@ -50,26 +50,32 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
     return Relay(store, publisher, config, telemetry=telemetry)
 
 
-def start_http(config: RelayConfig, relay: Relay, telemetry: Telemetry) -> HealthServer | None:
+def bind_http(config: RelayConfig, relay: list[Relay], telemetry: Telemetry) -> HealthServer | None:
+    """Bind the HTTP port before anything connects, so a port in use fails at once (exit 2).
+    `relay` is filled in once the relay is built; until then the endpoints say not ready."""
     if not config.http_port:
         return None
+
+    def database() -> None:
+        if not relay:
+            raise RuntimeError("starting")
+        relay[0].store.ping()
+
     try:
-        server = HealthServer(
+        return HealthServer(
             config.http_host,
             config.http_port,
-            heartbeat=lambda: relay.heartbeat,
+            heartbeat=lambda: relay[0].heartbeat if relay else float("-inf"),
             # A turn waits at most poll_interval; a settle or claim can take a database timeout.
             stale_after=max(30.0, 10 * config.poll_interval),
-            database=relay.store.ping,
-            broker_ready=lambda: relay.publisher.ready,
+            database=database,
+            broker_ready=lambda: bool(relay) and relay[0].publisher.ready,
             registry=telemetry.registry,
         )
     except OSError as exc:
         raise ConfigError(
             f"--http-port: cannot listen on {config.http_host}:{config.http_port}: {exc.strerror}"
         ) from None
-    server.start()
-    return server
 
 
 def run_relay(config: RelayConfig) -> int:
@@ -81,13 +87,17 @@ def run_relay(config: RelayConfig) -> int:
 
 
 def _run(config: RelayConfig, telemetry: Telemetry) -> int:
-    relay = build_relay(config, telemetry)
+    built: list[Relay] = []
+    http = bind_http(config, built, telemetry)
     try:
-        http = start_http(config, relay, telemetry)
-    except ConfigError:
-        relay.publisher.stop()
-        relay.store.close()
+        relay = build_relay(config, telemetry)
+    except BaseException:
+        if http is not None:
+            http.stop()
         raise
+    built.append(relay)
+    if http is not None:
+        http.start()
     signals = 0
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
