@@ -323,6 +323,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds to wait for every message to arrive",
     )
+    producer = sub.add_parser(
+        "demo-producer", help="write demo orders with their outbox rows (docker-compose demo)"
+    )
+    producer.add_argument("--orders", type=int, default=0, help="orders to write; 0: until stopped")
+    producer.add_argument("--rate", type=_positive_float, default=2.0, help="orders per second")
+    consumer = sub.add_parser("demo-consumer", help="consume the demo orders (outbox.Consumer)")
+    for p in (producer, consumer):
+        p.add_argument("--exchange", default="outbox-demo", help="default %(default)s")
+        p.add_argument("--queue", default="outbox-demo.orders", help="default %(default)s")
     return parser
 
 
@@ -456,6 +465,27 @@ def _demo(args: argparse.Namespace) -> int:
     )
 
 
+def _demo_producer(args: argparse.Namespace) -> int:
+    from relay.demo_services import run_producer
+
+    config = _config(args)  # validates --db and --amqp
+    return run_producer(
+        config.db_url,
+        config.amqp_url,
+        orders=args.orders,
+        rate=args.rate,
+        exchange=args.exchange,
+        queue=args.queue,
+    )
+
+
+def _demo_consumer(args: argparse.Namespace) -> int:
+    from relay.demo_services import run_consumer
+
+    config = _config(args)
+    return run_consumer(config.db_url, config.amqp_url, exchange=args.exchange, queue=args.queue)
+
+
 def _purge(args: argparse.Namespace) -> int:
     from relay.retention_cli import cmd_purge
 
@@ -486,6 +516,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cancel": _operator,
     "purge": _purge,
     "circuits": _circuits,
+    "demo-producer": _demo_producer,
+    "demo-consumer": _demo_consumer,
 }
 
 

@@ -1,7 +1,9 @@
 """`outbox-relay demo`: the whole path on the embedded default, ending by itself.
 
-Orders are written with their outbox rows in real SQLite transactions (some rolled back), an
-in-process relay publishes them to a local RabbitMQ, and a consumer counts what arrives.
+Orders are written with their outbox rows in real SQLite transactions (some rolled back), each
+inside a request span; an in-process relay publishes them to a local RabbitMQ, and a consumer
+counts what arrives and prints each message's trace id (OTEL_TRACES_EXPORTER=console shows the
+spans themselves).
 """
 
 from __future__ import annotations
@@ -18,30 +20,16 @@ from typing import Any
 
 import pika
 from pika.exceptions import AMQPError
-from sqlalchemy import Column, Integer, MetaData, String, Table, insert
-from sqlalchemy.orm import Session
 
 import outbox
 from relay.config import RelayConfig, redact
-from relay.errors import BrokerUnavailable
+from relay.demo_services import declare, order_table, tracer_provider, write_order
 from relay.publisher import Publisher
 from relay.relay import Relay
 from relay.store.sql_store import make_engine, open_store
+from relay.telemetry import Telemetry, setup
 
 log = logging.getLogger("relay.demo")
-
-_business = MetaData()
-order_table = Table(
-    "demo_order",
-    _business,
-    Column("id", Integer, primary_key=True),
-    Column("customer", String(64), nullable=False),
-    Column("total_cents", Integer, nullable=False),
-)
-
-
-class _Rollback(Exception):
-    """Raised inside a transaction to roll it back, as a failing business rule would."""
 
 
 @dataclass
@@ -60,6 +48,10 @@ class _Consumer:
 
             def on_message(ch: Any, method: Any, props: Any, body: bytes) -> None:
                 self.received[props.message_id] = body
+                # The relay's send span context: the same trace as the order's request span.
+                parent = (props.headers or {}).get("traceparent", "")
+                trace_id = parent.split("-")[1] if parent.count("-") == 3 else "-"
+                print(f"demo: received {props.message_id} trace {trace_id}")
                 ch.basic_ack(method.delivery_tag)
 
             channel.basic_consume(self.queue, on_message)
@@ -70,31 +62,13 @@ class _Consumer:
             self.error = f"consumer failed: {exc!r}"
 
 
-def _declare(amqp_url: str, exchange: str, queue: str) -> None:
-    try:
-        params = pika.URLParameters(amqp_url)
-        params.socket_timeout = 3
-        params.connection_attempts = 1
-        conn = pika.BlockingConnection(params)
-    except AMQPError as exc:
-        raise BrokerUnavailable(
-            f"cannot reach RabbitMQ at {redact(amqp_url)} ({type(exc).__name__}); start one with "
-            "`docker compose up -d rabbitmq` (or `rabbitmq-server -detached`), or pass --amqp URL"
-        ) from None
-    channel = conn.channel()
-    # auto_delete/exclusive: the demo leaves nothing behind on the broker.
-    channel.exchange_declare(exchange, "topic", auto_delete=True)
-    channel.queue_declare(queue, auto_delete=True)
-    channel.queue_bind(queue, exchange, "order.#")
-    conn.close()
-
-
 def run_demo(
     amqp_url: str, *, orders: int = 300, rollback_every: int = 7, timeout: float = 60
 ) -> int:
     suffix = uuid.uuid4().hex[:8]
     exchange, queue = f"outbox-demo.{suffix}", f"outbox-demo.orders.{suffix}"
-    _declare(amqp_url, exchange, queue)
+    # auto-deleted: the demo leaves nothing behind on the broker.
+    declare(amqp_url, exchange, queue, durable=False)
 
     workdir = Path(tempfile.mkdtemp(prefix="outbox-demo-"))
     db_url = f"sqlite:///{workdir / 'demo.db'}"
@@ -104,7 +78,10 @@ def run_demo(
     # timeout), since both write the same file.
     app = make_engine(db_url, autocommit=False)
     outbox.create_schema(app)
-    _business.create_all(app)
+    order_table.metadata.create_all(app)
+    telemetry = setup(prometheus=False)
+    provider = tracer_provider(telemetry)
+    tracer = provider.get_tracer("outbox-demo")
 
     consumer = _Consumer(amqp_url, queue)
     consumer_thread = threading.Thread(target=consumer.run, name="demo-consumer", daemon=True)
@@ -113,7 +90,8 @@ def run_demo(
     config = RelayConfig(db_url=db_url, amqp_url=amqp_url, poll_interval=0.05, relay_id="demo")
     publisher = Publisher(amqp_url, confirm_timeout=config.confirm_timeout, name="outbox-demo")
     publisher.start()
-    relay = Relay(open_store(db_url), publisher, config)
+    relay_telemetry = Telemetry(tracer=provider.get_tracer("outbox-relay"))
+    relay = Relay(open_store(db_url), publisher, config, telemetry=relay_telemetry)
     relay_thread = threading.Thread(target=relay.run, name="demo-relay", daemon=True)
     relay_thread.start()
 
@@ -122,28 +100,9 @@ def run_demo(
     rng = random.Random(7)
     print(f"demo: writing {orders} orders, rolling back every {rollback_every}th transaction")
     for n in range(1, orders + 1):
-        message_id: uuid.UUID | None = None
-        try:
-            with Session(app) as session, session.begin():
-                total = rng.randint(500, 50_000)
-                order_id = session.execute(
-                    insert(order_table)
-                    .values(customer=f"customer-{n % 17}", total_cents=total)
-                    .returning(order_table.c.id)
-                ).scalar_one()
-                message_id = outbox.enqueue(
-                    session,
-                    exchange=exchange,
-                    routing_key="order.created",
-                    payload={"order_id": order_id, "total_cents": total},
-                    key=f"customer-{n % 17}",
-                    headers={"source": "outbox-demo"},
-                )
-                if n % rollback_every == 0:
-                    raise _Rollback
-            committed.add(str(message_id))
-        except _Rollback:
-            rolled_back.add(str(message_id))
+        rollback = n % rollback_every == 0
+        message_id, _ = write_order(app, tracer, exchange, n, rng, rollback=rollback)
+        (rolled_back if rollback else committed).add(message_id)
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not committed <= consumer.received.keys():
@@ -155,6 +114,7 @@ def run_demo(
     consumer_thread.join(10)
     relay.store.close()
     app.dispose()
+    provider.shutdown()
 
     received = set(consumer.received)
     missing = committed - received
