@@ -260,6 +260,11 @@ class Broker:
         self._queues.append(queue)
         return queue
 
+    def own_exchange(self, exchange: str) -> str:
+        """Delete `exchange` at teardown too (one that the code under test declared)."""
+        self._exchanges.append(exchange)
+        return exchange
+
     def publish(self, routing_key: str, body: bytes, properties: Any, exchange: str = "") -> None:
         self._channel.basic_publish(exchange, routing_key, body, properties)
 
