@@ -7,8 +7,9 @@ lasts from the publish to the broker's answer and says how it ended (`outbox.out
 retry, deferred, dead, released); retries, deferrals and dead-lettering are span events with the
 reason. With tracing off (no exporter configured) none of this runs.
 
-The loop's own work (a claim, a settlement) gets a span at most once per `LOOP_SPAN_EVERY` seconds
-per kind: enough to see what a turn costs without one span per batch flooding a backend.
+The loop's own work (a claim, handing a batch to the publisher, a settlement that marks rows) gets
+an `outbox.relay claim|publish|settle` span at most once per `LOOP_SPAN_EVERY` seconds per kind:
+enough to see what a turn costs without one span per batch flooding a backend.
 """
 
 from __future__ import annotations

@@ -261,7 +261,8 @@ class Relay:
             inbox.put(_Finished(token, outcomes + broken))
 
         if items:
-            self.publisher.publish(items, done)
+            with self.observer.loop_span("publish", messages=len(items)):
+                self.publisher.publish(items, done)
         else:
             done([])
 
@@ -334,6 +335,10 @@ class Relay:
         return confirmed, failures
 
     def _settle(self, finished: _Finished, result: PassResult) -> None:
+        with self.observer.loop_span("settle", messages=len(finished.outcomes)):
+            self._settle_batch(finished, result)
+
+    def _settle_batch(self, finished: _Finished, result: PassResult) -> None:
         try:
             if finished.confirmed is None or finished.failures is None:
                 finished.confirmed, finished.failures = self._decide(finished)
