@@ -65,6 +65,7 @@ class ResourceGuard:
         self._next_refresh = 0.0
         self._tokens_due: dict[str, float] = dict.fromkeys(self._rates, 0.0)
         self.transitions = 0  # state changes this relay made (each logged once)
+        self.on_transition: Callable[[Transition], None] = lambda _t: None  # e.g. a metric
 
     # ----------------------------------------------------------------- view
 
@@ -116,6 +117,7 @@ class ResourceGuard:
         self._view[part] = written[0]  # act on it now, before the next refresh
         for t in changes:
             log_transition(t)
+            self.on_transition(t)
         self.transitions += len(changes)
         return changes
 

@@ -25,7 +25,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from outbox.states import ALL_STATES
-from relay.core.circuit import CircuitState
+from relay.core.circuit import CircuitState, Transition
 from relay.core.policy import Dead, Retry
 from relay.store.base import Claimed, Store
 from relay.telemetry import Telemetry, gauge
@@ -65,6 +65,11 @@ class Observer:
         )
         self._batch = meter.create_histogram(
             "outbox.claim.batch_size", unit="{message}", description="rows per claim"
+        )
+        self._transitions = meter.create_counter(
+            "outbox.circuit.transitions",
+            unit="{transition}",
+            description="circuit state changes this relay made, by resource and new state",
         )
         if telemetry.meter_provider is None:
             return  # nothing reads gauges: do not query the database for them
@@ -185,6 +190,9 @@ class Observer:
 
     def latency(self, row: Claimed, now: dt.datetime) -> None:
         self._latency.record(max(0.0, (now - row.available_at).total_seconds()))
+
+    def circuit_changed(self, t: Transition) -> None:
+        self._transitions.add(1, {"resource": t.resource, "state": t.after.value})
 
     def claimed(self, n: int) -> None:
         self._batch.record(n)

@@ -133,6 +133,7 @@ class Relay:
         self.observer = Observer(
             telemetry or Telemetry(), store=store, circuits=self.guard.states, clock=clock
         )
+        self.guard.on_transition = self.observer.circuit_changed
         self.heartbeat = clock()  # when the loop last turned (for /healthz)
 
     # ----------------------------------------------------------------- control

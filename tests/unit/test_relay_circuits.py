@@ -178,3 +178,44 @@ def test_a_rate_limited_resource_gets_its_tokens_and_the_rest_flows_freely() -> 
     drive(relay, passes=3)
     slow_sent = sum(1 for s in range(1, 101) if store.rows[s].state == "published")
     assert slow_sent == 20  # refilled at 10 per second, capped at the burst
+
+
+def test_circuit_changes_and_failures_are_counted_in_metrics() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from relay.telemetry import Telemetry
+
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter_provider=MeterProvider(metric_readers=[reader]))
+    store = FakeStore()
+    add(store, "bad", range(1, 6))
+    add(store, "good", range(10, 13))
+    cfg = RelayConfig(db_url="sqlite://", relay_id="r1", circuit=SETTINGS)
+    relay = Relay(
+        store,
+        FakePublisher(decide=Broken("bad")),
+        cfg,
+        clock=Clock(),
+        wall=Wall(store),
+        rng=random.Random(3),
+        telemetry=telemetry,
+    )
+    drive(relay)
+    data = reader.get_metrics_data()
+    assert data is not None
+    points: dict[str, list[tuple[dict[str, object], float]]] = {}
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    value = getattr(point, "value", getattr(point, "count", 0))
+                    points.setdefault(metric.name, []).append((dict(point.attributes or {}), value))
+    assert points["outbox.circuit.transitions"] == [
+        ({"resource": f"{BROKER}/bad", "state": "open"}, 1)
+    ]
+    failed = {(a["outcome"], a["exchange"]): v for a, v in points["outbox.messages.failed"]}
+    assert failed == {("retry", "bad"): 3, ("deferred", "bad"): 2}
+    assert points["outbox.messages.published"] == [({"exchange": "good"}, 3)]
+    assert ({"resource": f"{BROKER}/bad"}, 2) in points["outbox.circuit.state"]
+    assert ({"state": "pending"}, 5) in points["outbox.messages"]
