@@ -4,12 +4,13 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: help demo test lint typecheck unit integration bench services clean
+.PHONY: help demo test lint typecheck unit integration bench chaos services clean
 
 help:
 	@echo "make demo    run the embedded demo (SQLite + local RabbitMQ)"
 	@echo "make test    lint, type-check and run the whole test suite"
 	@echo "make bench   benchmarks: raw pika confirm ceiling vs the relay's drain rate"
+	@echo "make chaos   faults at full length (kills, cuts, broker restart, memory alarm): a table"
 
 $(STAMP):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is needed, $(PYTHON) is " + sys.version.split()[0])'
@@ -40,6 +41,9 @@ integration: $(STAMP) services
 
 test: $(STAMP) services lint typecheck
 	$(PY) -m pytest -q
+
+chaos: $(STAMP) services
+	$(PY) -m tests.chaos
 
 bench: $(STAMP) services
 	$(PY) -m benchmarks

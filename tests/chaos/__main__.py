@@ -1,0 +1,62 @@
+"""`make chaos`: every fault at full length, then the table. Exit 1 if anything was lost,
+unexpected or out of order.
+
+    python -m tests.chaos [--messages 50000] [--only NAME,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from tests.chaos import run
+
+BROKER, DB = {"broker": True}, {"db": True}
+
+
+def scenarios() -> list[tuple[str, run.Fault, dict[str, bool]]]:
+    return [
+        # 50,000 messages at 1,000/s: about 50 s of traffic that every fault falls inside.
+        ("relay SIGKILL x10", run.kill_relay(10, between=(1.0, 6.0)), {}),
+        ("broker connection cut x4", run.cut("broker", 4, down=4.0, up=6.0), BROKER),
+        ("database connection cut x3", run.cut("db", 3, down=5.0, up=8.0), DB),
+        ("slow broker (+20 ms/chunk)", run.slow_broker(0.02, 20.0), BROKER),
+        ("broker restart x2", run.restart_broker(2), {}),
+        ("memory alarm 5 s", run.memory_alarm(5.0), {}),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos")
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--only", default="", help="comma-separated name prefixes")
+    args = parser.parse_args()
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    rows = []
+    for name, fault, proxies in scenarios():
+        if wanted and not any(name.startswith(w) for w in wanted):
+            continue
+        started = time.monotonic()
+        print(f"chaos: {name}, {args.messages:,} messages ...", flush=True)
+        row = run.run(
+            name,
+            fault,
+            messages=args.messages,
+            settle_timeout=300,
+            proxy_broker=proxies.get("broker", False),
+            proxy_db=proxies.get("db", False),
+        )
+        rows.append(row)
+        print(f"chaos: {name}: {'ok' if row.report.ok else 'FAILED'} "
+              f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
+        if not row.report.ok:
+            print(f"  lost ids {row.report.lost_ids}, keys out of order "
+                  f"{row.report.disordered_keys}")  # fmt: skip
+    print()
+    print(run.table(rows))
+    return 0 if all(r.report.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The delivery checker: what the application committed against what the consumer received.
+
+Jepsen's queue checker, with per-key order: lost = committed and never received; unexpected =
+received and never committed (a rolled-back transaction's message, say); duplicated = received more
+than once (allowed: delivery is at least once); out of order = a key whose messages were first
+received in an order other than the one they were committed in. A run passes when lost, unexpected
+and out-of-order are all zero.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    committed: int
+    received: int
+    lost: int
+    unexpected: int
+    duplicated: int
+    out_of_order: int
+    lost_ids: tuple[str, ...] = ()
+    disordered_keys: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.unexpected == 0 and self.out_of_order == 0
+
+
+@dataclass
+class DeliveryChecker:
+    """Thread-safe: writers call `committed`/`rolled_back`, the consumer calls `received`."""
+
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _committed: dict[str, str | None] = field(default_factory=dict)  # id -> key
+    _order: dict[str, list[str]] = field(default_factory=dict)  # key -> ids in commit order
+    _rolled_back: set[str] = field(default_factory=set)
+    _received: list[str] = field(default_factory=list)
+
+    def committed(self, message_id: str, key: str | None) -> None:
+        """Call after the transaction committed (per key, from one writer, in commit order)."""
+        with self._lock:
+            self._committed[message_id] = key
+            if key is not None:
+                self._order.setdefault(key, []).append(message_id)
+
+    def rolled_back(self, message_id: str) -> None:
+        with self._lock:
+            self._rolled_back.add(message_id)
+
+    def received(self, message_id: str) -> None:
+        with self._lock:
+            self._received.append(message_id)
+
+    def all_received(self) -> bool:
+        with self._lock:
+            return set(self._committed) <= set(self._received)
+
+    @property
+    def committed_count(self) -> int:
+        with self._lock:
+            return len(self._committed)
+
+    def report(self) -> Report:
+        with self._lock:
+            counts = Counter(self._received)
+            committed = set(self._committed)
+            lost = sorted(committed - counts.keys())
+            unexpected = [i for i in counts if i not in committed]
+            first_seen: dict[str, int] = {}
+            for position, message_id in enumerate(self._received):
+                first_seen.setdefault(message_id, position)
+            disordered = []
+            for key, ids in self._order.items():
+                seen = [first_seen[i] for i in ids if i in first_seen]
+                if seen != sorted(seen):
+                    disordered.append(key)
+            return Report(
+                committed=len(committed),
+                received=len(self._received),
+                lost=len(lost),
+                unexpected=len(unexpected),
+                duplicated=sum(n - 1 for n in counts.values() if n > 1),
+                out_of_order=len(disordered),
+                lost_ids=tuple(lost[:10]),
+                disordered_keys=tuple(disordered[:10]),
+            )

@@ -1,0 +1,357 @@
+"""Chaos scenarios: applications commit keyed messages while a real fault hits the relay; the
+delivery checker then counts lost, unexpected, duplicated and out-of-order messages.
+
+Every scenario runs on its own PostgreSQL schema, exchange and queue (removed afterwards), with
+`outbox-relay run` as a real subprocess, a consumer reading the real broker, and faults injected for
+real: SIGKILL, a TCP proxy that cuts or slows connections, `rabbitmqctl`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pika
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session
+
+import outbox
+from tests.chaos.checker import DeliveryChecker, Report
+from tests.chaos.proxy import TcpProxy
+
+PG_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
+AMQP_URL = os.environ.get("OUTBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+ROOT = Path(__file__).resolve().parents[2]
+# Short leases and confirm timeouts, so a killed relay's rows come back within seconds.
+RELAY_FLAGS = ["--lease", "6", "--confirm-timeout", "3", "--poll-interval", "0.05",
+               "--drain-timeout", "5", "--no-listen"]  # fmt: skip
+
+
+@dataclass
+class Row:
+    fault: str
+    report: Report
+    recovery_s: float  # from the end of the last fault until every committed message arrived
+
+
+# --------------------------------------------------------------------------- parts
+
+
+def _schema_url(schema: str) -> str:
+    options = urllib.parse.quote(f"-csearch_path={schema}")
+    return f"{PG_URL}?options={options}"
+
+
+class Relay:
+    """`outbox-relay run` as a subprocess, started and killed at will."""
+
+    def __init__(self, db_url: str, amqp_url: str, log: Path) -> None:
+        self.argv = [sys.executable, "-m", "relay", "--db", db_url, "--amqp", amqp_url, "run",
+                     *RELAY_FLAGS]  # fmt: skip
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "OTEL_"))}
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log
+            )
+        self.starts += 1
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+class Consumer:
+    """Reads the queue with manual acks and reports each delivery; reconnects if the broker goes."""
+
+    def __init__(self, queue: str, checker: DeliveryChecker) -> None:
+        self.queue = queue
+        self.checker = checker
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-consumer")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+            except pika.exceptions.AMQPError:
+                time.sleep(0.5)
+                continue
+            try:
+                channel = conn.channel()
+                channel.basic_qos(prefetch_count=1000)
+
+                def on_message(ch: Any, method: Any, props: Any, _body: bytes) -> None:
+                    self.checker.received(props.message_id)
+                    ch.basic_ack(method.delivery_tag)
+
+                channel.basic_consume(self.queue, on_message)
+                while not self._stop.is_set():
+                    conn.process_data_events(time_limit=0.1)
+                conn.close()
+            except pika.exceptions.AMQPError:
+                time.sleep(0.5)  # the broker went away: connect again
+
+
+class Writers:
+    """Application threads committing one keyed message per transaction; each key belongs to one
+    writer, so a key's commit order is its enqueue order. Every `rollback_every`th transaction
+    rolls back (its message must never arrive)."""
+
+    def __init__(
+        self, engine: Engine, exchange: str, checker: DeliveryChecker, *, total: int,
+        writers: int = 4, keys: int = 40, rollback_every: int = 25, rate: float = 1000.0,
+    ) -> None:  # fmt: skip
+        self.engine, self.exchange, self.checker = engine, exchange, checker
+        self.total, self.writers, self.keys = total, writers, keys
+        self.rollback_every = rollback_every
+        self.pause = writers / rate  # each writer's share of the rate: traffic spans the faults
+        self._threads = [
+            threading.Thread(target=self._write, args=(w,), daemon=True) for w in range(writers)
+        ]
+        self.errors: list[str] = []
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join()
+
+    @property
+    def done(self) -> bool:
+        return not any(t.is_alive() for t in self._threads)
+
+    def _write(self, w: int) -> None:
+        my_keys = [f"k{k}" for k in range(self.keys) if k % self.writers == w]
+        share = self.total // self.writers
+        next_at = time.monotonic()
+        for n in range(share):
+            next_at += self.pause
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            key = my_keys[n % len(my_keys)]
+            rollback = n % self.rollback_every == self.rollback_every - 1
+            try:
+                with Session(self.engine) as session, session.begin() as tx:
+                    message_id = str(
+                        outbox.enqueue(
+                            session,
+                            exchange=self.exchange,
+                            routing_key="chaos",
+                            payload={"n": n, "w": w},
+                            key=key,
+                        )
+                    )
+                    if rollback:
+                        tx.rollback()
+                if rollback:
+                    self.checker.rolled_back(message_id)
+                else:
+                    self.checker.committed(message_id, key)
+            except Exception as exc:
+                self.errors.append(repr(exc))
+
+
+@contextlib.contextmanager
+def environment(name: str) -> Iterator[tuple[str, Engine, str, str]]:
+    """A schema (migrated), an exchange and a queue of this run; all removed afterwards."""
+    suffix = uuid.uuid4().hex[:10]
+    schema, exchange, queue = f"chaos_{suffix}", f"chaos.{suffix}", f"chaos.{suffix}.q"
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = _schema_url(schema)
+    engine = create_engine(url, pool_size=8)
+    outbox.create_schema(engine)
+    conn_amqp = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    channel = conn_amqp.channel()
+    channel.exchange_declare(exchange, "topic", durable=True)
+    channel.queue_declare(queue, durable=True)
+    channel.queue_bind(queue, exchange, "#")
+    try:
+        yield url, engine, exchange, queue
+    finally:
+        engine.dispose()
+        with contextlib.suppress(Exception):
+            if not channel.is_open:
+                conn_amqp = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+                channel = conn_amqp.channel()
+            channel.queue_delete(queue)
+            channel.exchange_delete(exchange)
+            conn_amqp.close()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+@dataclass
+class Context:
+    relay: Relay
+    broker_proxy: TcpProxy | None = None
+    db_proxy: TcpProxy | None = None
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
+    writers: Writers | None = None
+
+
+Fault = Callable[[Context], None]
+
+
+def run(
+    name: str, fault: Fault, *, messages: int, rate: float = 1000.0, proxy_broker: bool = False,
+    proxy_db: bool = False, settle_timeout: float = 120.0, workdir: Path | None = None,
+) -> Row:  # fmt: skip
+    checker = DeliveryChecker()
+    workdir = workdir or Path(os.environ.get("TMPDIR", "/tmp"))
+    with environment(name) as (db_url, engine, exchange, queue):
+        broker_proxy = TcpProxy("127.0.0.1", 5672) if proxy_broker else None
+        db_proxy = TcpProxy("127.0.0.1", 5432) if proxy_db else None
+        relay_db = db_proxy.url_for(db_url, 5432) if db_proxy else db_url
+        relay_amqp = broker_proxy.url_for(AMQP_URL, 5672) if broker_proxy else AMQP_URL
+        relay = Relay(relay_db, relay_amqp, workdir / f"chaos-{name}-{uuid.uuid4().hex[:6]}.log")
+        consumer = Consumer(queue, checker)
+        consumer.start()
+        writers = Writers(engine, exchange, checker, total=messages, rate=rate)
+        ctx = Context(relay, broker_proxy, db_proxy, writers=writers)
+        relay.start()
+        writers.start()
+        try:
+            fault(ctx)
+            fault_over = time.monotonic()
+            writers.join()
+            if relay.process is None or relay.process.poll() is not None:
+                relay.start()  # a fault may have left it dead: a deployment would restart it
+            deadline = time.monotonic() + settle_timeout
+            while not checker.all_received() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            recovery = time.monotonic() - fault_over
+            time.sleep(0.5)  # a late duplicate or a leaked rollback would show up now
+        finally:
+            relay.stop()
+            consumer.stop()
+            for proxy in (broker_proxy, db_proxy):
+                if proxy is not None:
+                    proxy.close()
+        if writers.errors:
+            raise RuntimeError(f"{name}: writers failed: {writers.errors[:3]}")
+        return Row(name, checker.report(), recovery)
+
+
+def kill_relay(kills: int, between: tuple[float, float] = (0.3, 1.5)) -> Fault:
+    """SIGKILL the relay at random moments, again and again, restarting it each time."""
+
+    def fault(ctx: Context) -> None:
+        for _ in range(kills):
+            time.sleep(ctx.rng.uniform(*between))
+            ctx.relay.kill()
+            ctx.relay.start()
+
+    return fault
+
+
+def cut(proxy: str, times: int, down: float = 2.0, up: float = 1.0) -> Fault:
+    """Cut the relay's broker or database connection for `down` seconds, `times` times."""
+
+    def fault(ctx: Context) -> None:
+        target = ctx.broker_proxy if proxy == "broker" else ctx.db_proxy
+        assert target is not None
+        for _ in range(times):
+            time.sleep(up)
+            target.cut()
+            time.sleep(down)
+            target.restore()
+
+    return fault
+
+
+def slow_broker(latency: float, seconds: float) -> Fault:
+    def fault(ctx: Context) -> None:
+        assert ctx.broker_proxy is not None
+        ctx.broker_proxy.latency = latency
+        time.sleep(seconds)
+        ctx.broker_proxy.latency = 0.0
+
+    return fault
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=120)
+
+
+def restart_broker(times: int, down: float = 3.0) -> Fault:
+    """`rabbitmqctl stop_app` / `start_app` (make chaos only: it affects the whole broker)."""
+
+    def fault(ctx: Context) -> None:
+        for _ in range(times):
+            time.sleep(1.5)
+            _rabbitmqctl("stop_app")
+            time.sleep(down)
+            _rabbitmqctl("start_app")
+            _rabbitmqctl("await_startup")
+
+    return fault
+
+
+def memory_alarm(seconds: float) -> Fault:
+    """A memory alarm blocks every publisher (make chaos only), then the watermark is restored."""
+
+    def fault(_ctx: Context) -> None:
+        time.sleep(1.0)
+        _rabbitmqctl("set_vm_memory_high_watermark", "0.000001")
+        try:
+            time.sleep(seconds)
+        finally:
+            _rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+
+    return fault
+
+
+def table(rows: list[Row]) -> str:
+    header = ["fault", "messages", "lost", "unexpected", "duplicated", "out of order", "recovery"]
+    body = [
+        [r.fault, f"{r.report.committed:,}", str(r.report.lost), str(r.report.unexpected),
+         str(r.report.duplicated), str(r.report.out_of_order), f"{r.recovery_s:.1f} s"]
+        for r in rows
+    ]  # fmt: skip
+    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *body]
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

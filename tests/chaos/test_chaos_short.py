@@ -1,0 +1,46 @@
+"""Short versions of the chaos scenarios, in `make test` (`make chaos` runs them at full length,
+plus a broker restart and a memory alarm, which touch the whole broker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import run
+
+
+@pytest.mark.parametrize(
+    ("name", "fault", "proxies"),
+    [
+        ("relay SIGKILL x3", run.kill_relay(3, between=(0.5, 1.2)), {}),
+        (
+            "broker connection cut x2",
+            run.cut("broker", 2, down=1.0, up=1.0),
+            {"broker": True},
+        ),
+        ("database connection cut x1", run.cut("db", 1, down=2.0, up=1.5), {"db": True}),
+        ("slow broker", run.slow_broker(0.01, 3.0), {"broker": True}),
+    ],
+    ids=["kill", "broker-cut", "db-cut", "slow-broker"],
+)
+def test_nothing_is_lost_unexpected_or_out_of_order(
+    name: str, fault: run.Fault, proxies: dict[str, bool], amqp_url: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    row = run.run(
+        name,
+        fault,
+        messages=2000,
+        rate=400.0,  # five seconds of traffic, through the faults
+        settle_timeout=90,
+        workdir=tmp_path,
+        proxy_broker=proxies.get("broker", False),
+        proxy_db=proxies.get("db", False),
+    )
+    with capsys.disabled():
+        print(f"\n{run.table([row])}")
+    report = row.report
+    logs = "".join(p.read_text()[-3000:] for p in tmp_path.glob("chaos-*.log"))
+    assert report.committed > 1800
+    assert report.ok, (report, logs)
