@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -244,7 +245,8 @@ def run(
         db_proxy = TcpProxy("127.0.0.1", 5432) if proxy_db else None
         relay_db = db_proxy.url_for(db_url, 5432) if db_proxy else db_url
         relay_amqp = broker_proxy.url_for(AMQP_URL, 5672) if broker_proxy else AMQP_URL
-        relay = Relay(relay_db, relay_amqp, workdir / f"chaos-{name}-{uuid.uuid4().hex[:6]}.log")
+        slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+        relay = Relay(relay_db, relay_amqp, workdir / f"chaos-{slug}-{uuid.uuid4().hex[:6]}.log")
         consumer = Consumer(queue, checker)
         consumer.start()
         writers = Writers(engine, exchange, checker, total=messages, rate=rate)
