@@ -4,6 +4,8 @@ Phases, in order (choose with --phases):
   ceiling      raw pika SelectConnection with confirms: the bound
   in-process   relay.Relay + relay.Publisher + the SQL store, in this process
   subprocess   `outbox-relay --db URL run`, as operators run it (also its peak RSS and CPU)
+  one-at-a-time  for comparison: what most outbox libraries do, each message published and its
+               confirm awaited before it is marked (BlockingConnection; 20,000 messages)
   store        diagnostic: the store's claim + mark_published alone, nothing published
   publisher    diagnostic: relay.Publisher alone, fed pre-built messages, no database
 
@@ -33,6 +35,7 @@ from benchmarks.ceiling import CeilingResult, measure_ceiling
 from benchmarks.drain import (
     DrainResult,
     drain_in_process,
+    drain_one_at_a_time,
     drain_store_only,
     drain_subprocess,
     publish_only,
@@ -48,7 +51,8 @@ from benchmarks.fixtures import (
 )
 from relay.publisher import Outgoing
 
-PHASES = ("ceiling", "in-process", "subprocess", "store", "publisher")
+PHASES = ("ceiling", "in-process", "subprocess", "one-at-a-time", "store", "publisher")
+ONE_AT_A_TIME = 20_000  # messages the slow comparison drains (its rate is what counts)
 DEFAULT_DB = os.environ.get("BENCH_DB_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 DEFAULT_AMQP = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 TARGET = 0.8
@@ -173,7 +177,7 @@ def _run(
     payloads = [encode(make_payload(i, args.payload_bytes)) for i in range(n)]
     now = time.time()
 
-    if {"in-process", "subprocess", "store"} & set(phases):
+    if {"in-process", "subprocess", "one-at-a-time", "store"} & set(phases):
         db.create()
         _say(f"loading {n} messages through outbox.enqueue ...")
         seconds = db.load(n, args.payload_bytes, broker.exchange)
@@ -199,6 +203,7 @@ FIGURES = {
     "ceiling": "raw pika async-confirm ceiling",
     "in-process": "relay drain, in-process",
     "subprocess": "relay drain, subprocess `outbox-relay run`",
+    "one-at-a-time": "one confirm at a time (the usual outbox)",
     "store": "diagnostic: store only, claim+mark, no broker",
     "publisher": "diagnostic: relay.Publisher only, no DB",
 }
@@ -264,6 +269,18 @@ def _phase(
         _quiesce()
         _say(f"relay drain, subprocess (outbox-relay run){tag} ...")
         r = purge_after(lambda: drain_subprocess(db, args.amqp, timeout=args.timeout))
+        _add_drain(results, phase, r)
+    elif phase == "one-at-a-time":
+        db.restore()
+        _quiesce()
+        limit = min(n, ONE_AT_A_TIME)
+        _say(f"comparison: publish and confirm one message at a time, {limit} messages{tag} ...")
+        try:
+            r = drain_one_at_a_time(db, args.amqp, limit=limit, timeout=args.timeout)
+        finally:
+            arrived = broker.purge()
+        if arrived != limit:
+            raise RuntimeError(f"{phase}: {arrived} messages in the queue, expected {limit}")
         _add_drain(results, phase, r)
     elif phase == "store":
         db.restore()

@@ -345,3 +345,51 @@ def publish_only(
     if state["failed"]:
         result.notes.append(f"{state['failed']} not confirmed")
     return result
+
+
+# --------------------------------------------------------------------------- the usual outbox
+
+
+def drain_one_at_a_time(
+    db: BenchDatabase, amqp_url: str, *, limit: int, timeout: float
+) -> DrainResult:
+    """What most outbox libraries do, for comparison: claim a batch, then publish each message and
+    wait for its confirm before marking it (pika BlockingConnection, one UPDATE per message).
+    Drains `limit` messages of the backlog (it is slow; its rate is what is compared)."""
+    import pika
+
+    from relay.wire import to_outgoing
+
+    store = open_store(db.url)
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    channel = conn.channel()
+    channel.confirm_delivery()
+    done = 0
+    try:
+        meter = CpuMeter()
+        meter.start()
+        started = time.perf_counter()
+        while done < limit:
+            if time.perf_counter() - started > timeout:
+                raise DrainError(f"one at a time: {done} of {limit} after {timeout:.0f} s")
+            token = uuid.uuid4()
+            rows = store.claim(
+                owner="bench-naive", token=token, limit=min(100, limit - done), lease_seconds=60
+            )
+            if not rows:
+                break
+            for row in rows:
+                item = to_outgoing(row)
+                # Blocks until the broker confirms (raises on nack or return).
+                channel.basic_publish(
+                    item.exchange, item.routing_key, item.body, item.properties, mandatory=True
+                )
+                done += store.mark_published(token, [row.seq])
+        finished = time.perf_counter()
+        cpu = meter.stop(finished - started)
+    finally:
+        conn.close()
+        store.close()
+    if done != limit:
+        raise DrainError(f"one at a time: published {done}, expected {limit}")
+    return DrainResult("one at a time", done, finished - started, cpu=cpu)
