@@ -55,9 +55,14 @@ class DeliveryChecker:
         with self._lock:
             self._received.append(message_id)
 
-    def all_received(self) -> bool:
+    def all_received(self, ids: set[str] | None = None) -> bool:
+        """Whether every committed message (or every one of `ids`) has arrived."""
         with self._lock:
-            return set(self._committed) <= set(self._received)
+            return (set(self._committed) if ids is None else ids) <= set(self._received)
+
+    def committed_ids(self) -> set[str]:
+        with self._lock:
+            return set(self._committed)
 
     @property
     def committed_count(self) -> int:

@@ -44,7 +44,9 @@ RELAY_FLAGS = ["--lease", "6", "--confirm-timeout", "3", "--poll-interval", "0.0
 class Row:
     fault: str
     report: Report
-    recovery_s: float  # from the end of the last fault until every committed message arrived
+    # From the end of the last fault until every message committed before it had arrived: how
+    # long the relay took to catch up with what the fault held back.
+    recovery_s: float
 
 
 # --------------------------------------------------------------------------- parts
@@ -256,13 +258,16 @@ def run(
         try:
             fault(ctx)
             fault_over = time.monotonic()
-            writers.join()
+            held_back = checker.committed_ids()
             if relay.process is None or relay.process.poll() is not None:
                 relay.start()  # a fault may have left it dead: a deployment would restart it
-            deadline = time.monotonic() + settle_timeout
+            deadline = fault_over + settle_timeout
+            while not checker.all_received(held_back) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            recovery = time.monotonic() - fault_over
+            writers.join()
             while not checker.all_received() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            recovery = time.monotonic() - fault_over
             time.sleep(0.5)  # a late duplicate or a leaked rollback would show up now
         finally:
             relay.stop()
