@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 
@@ -65,7 +65,7 @@ def running_relay(pg_url: str, relay_factory: RelayFactory) -> None:
 
 
 @settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -96,6 +96,7 @@ def test_enqueue_rejects_before_writing_or_delivers_exactly(
         except outbox.OutboxError as exc:
             rejected = exc
         if rejected is not None:
+            event(f"rejected: {type(rejected).__name__}")
             assert str(rejected)  # says what is wrong
             after = conn.execute(select(func.count()).select_from(message)).scalar_one()
             assert after == before, "a rejected enqueue wrote a row"
@@ -105,6 +106,7 @@ def test_enqueue_rejects_before_writing_or_delivers_exactly(
     (delivery,) = [
         d for d in broker.collect_ids([message_id], timeout=20) if d.message_id == str(message_id)
     ]
+    event("delivered")
     body = expected_body(payload)
     if body is None:
         assert json.loads(delivery.body) == payload
