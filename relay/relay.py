@@ -299,7 +299,8 @@ class Relay:
         rows = lease.rows if lease is not None else {}
         naming, permanent = self.guard.naming, self.config.policy.permanent
         confirmed: list[int] = []
-        failed: list[tuple[Claimed, Classified, str | None]] = []  # (row, failure, its part)
+        # (row, failure, its part when the circuit counts it, the connection was lost)
+        failed: list[tuple[Claimed, Classified, str | None, bool]] = []
         results: dict[str, list[str | None]] = {}  # per part, in order, for the circuits
         for outcome in finished.outcomes:
             row = rows.get(outcome.ref)
@@ -311,15 +312,17 @@ class Relay:
                 confirmed.append(row.seq)
                 results.setdefault(part, []).append(None)
             elif is_resource_failure(outcome, failure, permanent):
-                failed.append((row, failure, part))
+                failed.append((row, failure, part, False))
                 results.setdefault(part, []).append(failure.detail or failure.cls.value)
             else:
-                failed.append((row, failure, None))
+                failed.append((row, failure, None, outcome.connection_lost))
         burns = self.guard.record(results) if results else {}
         now = self._wall()
         failures: list[Retry | Dead] = []
-        for row, failure, resource in failed:
-            circuit_open = resource is not None and not burns[resource].pop(0)
+        for row, failure, resource, connection_lost in failed:
+            # Not the message's fault: its destination's circuit is open, or the whole
+            # connection went (the reconnect has its own backoff; the message none of its own).
+            blameless = connection_lost or (resource is not None and not burns[resource].pop(0))
             attempted = Attempted(
                 row.seq, row.exchange, row.attempts, row.max_attempts, row.created_at
             )
@@ -329,7 +332,7 @@ class Relay:
                 policy=self.config.policy,
                 now=now,
                 rng=self._rng,
-                circuit_open=circuit_open,
+                blameless=blameless,
             )
             if not isinstance(decision, Publish):  # a failure always is Retry or Dead
                 failures.append(decision)

@@ -80,12 +80,13 @@ def decide(
     policy: RetryPolicy,
     now: dt.datetime,
     rng: random.Random,
-    circuit_open: bool = False,
+    blameless: bool = False,
 ) -> Decision:
     """What to do with a message after an attempt.
 
-    `circuit_open`: the failure happened while its resource's circuit was open or probing, so
-    the resource is at fault, not the message: no attempt is burned (max age still applies).
+    `blameless`: the failure is not the message's (its resource's circuit was open or probing,
+    or the whole connection was lost): no attempt is burned and it is retried within
+    `requeue_delay` (max age still applies).
     """
     if failure is None:
         return Publish(msg.seq)
@@ -99,11 +100,11 @@ def decide(
         return Retry(msg.seq, now + dt.timedelta(seconds=rng.uniform(0, wait)), False, failure)
     age = (now - msg.created_at).total_seconds()
     too_old = policy.max_age is not None and age >= policy.max_age
-    if circuit_open and not too_old:
+    if blameless and not too_old:
         at = now + dt.timedelta(seconds=rng.uniform(0, policy.requeue_delay))
         return Retry(msg.seq, at, False, failure)
     allowed = policy.attempts_allowed(msg.exchange, msg.max_attempts)
-    if msg.attempts >= allowed and not circuit_open:
+    if msg.attempts >= allowed and not blameless:
         return Dead(msg.seq, failure, f"gave up after {msg.attempts} attempts: {failure.detail}")
     if too_old:
         return Dead(

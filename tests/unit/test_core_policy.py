@@ -162,7 +162,7 @@ def test_a_failure_behind_an_open_circuit_burns_no_attempt(msg: Attempted, kind:
         policy=POLICY,
         now=NOW,
         rng=random.Random(1),
-        circuit_open=True,
+        blameless=True,
     )
     assert isinstance(decision, kind)
     if isinstance(decision, Retry):

@@ -161,6 +161,9 @@ def test_connection_losses_open_no_circuit() -> None:
     relay = make(store, FakePublisher(decide=lost))
     drive(relay, passes=2)
     assert store.resource_rows == {}
+    # ...and cost no attempt: the message was not at fault (the reconnect has its own backoff).
+    assert all(store.rows[s].state == "pending" for s in range(1, 10))
+    assert [store.rows[s].burned for s in range(1, 10)] == [0] * 9
 
 
 def test_a_rate_limited_resource_gets_its_tokens_and_the_rest_flows_freely() -> None:
