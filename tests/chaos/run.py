@@ -136,7 +136,7 @@ class Writers:
 
     def __init__(
         self, engine: Engine, exchange: str, checker: DeliveryChecker, *, total: int,
-        writers: int = 4, keys: int = 40, rollback_every: int = 25, rate: float = 1000.0,
+        writers: int = 4, keys: int = 200, rollback_every: int = 25, rate: float = 1000.0,
     ) -> None:  # fmt: skip
         self.engine, self.exchange, self.checker = engine, exchange, checker
         self.total, self.writers, self.keys = total, writers, keys
