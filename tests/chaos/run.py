@@ -200,22 +200,25 @@ def environment(name: str) -> Iterator[tuple[str, Engine, str, str]]:
     url = _schema_url(schema)
     engine = create_engine(url, pool_size=8)
     outbox.create_schema(engine)
+    # A connection per step: one left idle through a scenario would be closed by the broker
+    # (missed heartbeats, or the broker-restart fault) and could not clean up.
     conn_amqp = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     channel = conn_amqp.channel()
     channel.exchange_declare(exchange, "topic", durable=True)
     channel.queue_declare(queue, durable=True)
     channel.queue_bind(queue, exchange, "#")
+    conn_amqp.close()
     try:
         yield url, engine, exchange, queue
     finally:
         engine.dispose()
-        with contextlib.suppress(Exception):
-            if not channel.is_open:
-                conn_amqp = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-                channel = conn_amqp.channel()
+        cleanup = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        try:
+            channel = cleanup.channel()
             channel.queue_delete(queue)
             channel.exchange_delete(exchange)
-            conn_amqp.close()
+        finally:
+            cleanup.close()
         with admin.connect() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
