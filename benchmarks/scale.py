@@ -210,6 +210,44 @@ def wakeup_cost(engine: Engine, seconds: float) -> list[Row]:
     ]
 
 
+def insert_cost(engine: Engine, seconds: float) -> list[Row]:
+    """One writer, one transaction at a time: what `enqueue` adds to a transaction that inserts
+    one business row, beside what any second INSERT adds (a round trip of its own)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE IF NOT EXISTS bench_order (id bigserial PRIMARY KEY, total int)"
+        )
+    outbox.configure(notify=False)
+    business = "INSERT INTO bench_order (total) VALUES (1)"
+
+    def rate(extra: Callable[[Any], object] | None) -> float:
+        _reset(engine)
+        done, deadline = 0, time.perf_counter() + seconds
+        with engine.connect() as conn:
+            started = time.perf_counter()
+            while time.perf_counter() < deadline:
+                with conn.begin():
+                    conn.exec_driver_sql(business)
+                    if extra is not None:
+                        extra(conn)
+                done += 1
+            return done / (time.perf_counter() - started)
+
+    alone = rate(None)
+    second = rate(lambda c: c.exec_driver_sql(business))
+    enqueued = rate(lambda c: outbox.enqueue(c, exchange=EXCHANGE, routing_key="r", payload={}))
+    outbox.configure(notify=True, notify_interval=0.1)
+    return [
+        ("1 writer: business row only", f"{alone:,.0f} commits/s", "1.00x"),
+        ("1 writer: + a second business row", f"{second:,.0f} commits/s", f"{second / alone:.2f}x"),
+        (
+            "1 writer: + outbox.enqueue",
+            f"{enqueued:,.0f} commits/s",
+            f"{enqueued / alone:.2f}x (target >= 0.87x)",
+        ),
+    ]
+
+
 def claim_flat(engine: Engine, url: str, published: int) -> list[Row]:
     def ms_per_claim() -> float:
         store = open_store(url)
@@ -253,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller, shorter phases")
     parser.add_argument(
-        "--phases", default="latency,relays,wakeup-cost,claim-flat", help="comma-separated"
+        "--phases",
+        default="latency,relays,insert-cost,wakeup-cost,claim-flat",
+        help="comma-separated",
     )
     args = parser.parse_args(argv)
     phases = set(args.phases.split(","))
@@ -274,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             latency(engine, db.url, 100, seconds, False),
         ])),
         ("relays", lambda: rows.extend(relays(engine, db.url, backlog))),
+        ("insert-cost", lambda: rows.extend(insert_cost(engine, seconds))),
         ("wakeup-cost", lambda: rows.extend(wakeup_cost(engine, seconds))),
         ("claim-flat", lambda: rows.extend(claim_flat(engine, db.url, published))),
     ]  # fmt: skip
