@@ -80,8 +80,10 @@ class HealthServer:
         if path == "/healthz":
             age = self._clock() - self._heartbeat()
             ok = age <= self._stale_after
+            # Before the loop's first turn (still connecting) the age is infinite: JSON null.
+            shown = round(age, 3) if age != float("inf") else None
             return _json(200 if ok else 503, {"status": "ok" if ok else "stalled",
-                                             "loop_age_s": round(age, 3)})  # fmt: skip
+                                             "loop_age_s": shown})  # fmt: skip
         if path == "/readyz":
             checks: dict[str, str] = {}
             try:

@@ -72,7 +72,10 @@ def test_healthz_says_whether_the_loop_turns() -> None:
     status, _, body = stalled.answer("/healthz")
     assert status == 503
     assert json.loads(body) == {"status": "stalled", "loop_age_s": 90.0}
-    for s in (live, stalled):
+    starting = server(heartbeat=lambda: float("-inf"))
+    status, _, body = starting.answer("/healthz")
+    assert (status, json.loads(body)) == (503, {"status": "stalled", "loop_age_s": None})
+    for s in (live, stalled, starting):
         s.stop()
 
 
