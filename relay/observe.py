@@ -27,10 +27,11 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from outbox.states import ALL_STATES
 from relay.core.circuit import CircuitState, Transition
 from relay.core.policy import Dead, Retry
-from relay.store.base import Claimed, Store
+from relay.store.base import Claimed, StateCounts, Store
 from relay.telemetry import Telemetry, gauge
 
 LOOP_SPAN_EVERY = 1.0  # seconds between two sampled loop spans of one kind
+COUNTS_FRESH = 0.5  # seconds one reading of the state counts serves the gauges of a collection
 ALIVE_WITHIN = 30.0  # a relay whose heartbeat is older than this is not counted as alive
 _W3C = TraceContextTextMapPropagator()
 _CIRCUIT_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
@@ -74,14 +75,23 @@ class Observer:
         if telemetry.meter_provider is None:
             return  # nothing reads gauges: do not query the database for them
 
+        # Both gauges below read one StateCounts: one collection, one pair of queries.
+        cached: list[tuple[float, StateCounts]] = []
+
+        def counts() -> StateCounts:
+            now = self._clock()
+            if not cached or now - cached[0][0] > COUNTS_FRESH:
+                cached[:] = [(now, store.counts())]
+            return cached[0][1]
+
         def states() -> list[tuple[float, dict[str, str]]]:
-            counts = store.counts()
+            counts_now = counts()
             # Every state, zeros included: a series that vanishes at zero reads as "no data".
-            rows = [(float(counts.by_state.get(s, 0)), {"state": s}) for s in ALL_STATES]
-            return [*rows, (float(counts.ready), {"state": "ready"})]
+            rows = [(float(counts_now.by_state.get(s, 0)), {"state": s}) for s in ALL_STATES]
+            return [*rows, (float(counts_now.ready), {"state": "ready"})]
 
         def oldest() -> list[tuple[float, dict[str, str]]]:
-            age = store.counts().oldest_ready_age_s
+            age = counts().oldest_ready_age_s
             return [(age or 0.0, {})]
 
         gauge(meter, "outbox.messages", "{message}", "messages by state", states)

@@ -113,6 +113,20 @@ def _cooldown(opens: int, settings: CircuitSettings, rng: random.Random) -> floa
     return window / 2 + rng.uniform(0, window / 2)
 
 
+def _closed(c: Circuit, changed_at: dt.datetime | None) -> Circuit:
+    """Closed with nothing counted; the last error stays for the record."""
+    return replace(
+        c,
+        state=CircuitState.CLOSED,
+        failures=0,
+        opens=0,
+        open_until=None,
+        probe_owner=None,
+        probe_until=None,
+        changed_at=changed_at,
+    )
+
+
 def _open(
     c: Circuit, now: dt.datetime, error: str, settings: CircuitSettings, rng: random.Random
 ) -> Circuit:
@@ -150,16 +164,7 @@ def record(
             # circuit opened: it proves nothing about now, so only the probe closes a circuit.
             if before is CircuitState.OPEN or c.pristine:
                 continue
-            c = replace(
-                c,
-                state=CircuitState.CLOSED,
-                failures=0,
-                opens=0,
-                open_until=None,
-                probe_owner=None,
-                probe_until=None,
-                changed_at=now if before is not CircuitState.CLOSED else c.changed_at,
-            )
+            c = _closed(c, now if before is not CircuitState.CLOSED else c.changed_at)
             if before is CircuitState.HALF_OPEN:
                 changes.append(Transition(c.resource, before, c.state, "the probe was confirmed"))
             continue
@@ -202,22 +207,13 @@ def nothing_to_probe(c: Circuit, now: dt.datetime, owner: str) -> tuple[Circuit,
     """The prober found no message waiting for the resource: nothing is at risk, so close."""
     if c.state is not CircuitState.HALF_OPEN or c.probe_owner != owner:
         return c, None
-    closed = replace(
-        c,
-        state=CircuitState.CLOSED,
-        failures=0,
-        opens=0,
-        open_until=None,
-        probe_owner=None,
-        probe_until=None,
-        changed_at=now,
-    )
+    closed = _closed(c, now)
     return closed, Transition(c.resource, c.state, closed.state, "no message waiting to probe")
 
 
 def reset(c: Circuit, now: dt.datetime, who: str) -> tuple[Circuit, Transition | None]:
     """An operator closes the circuit by hand."""
-    closed = Circuit(c.resource, changed_at=now, last_error=c.last_error)
+    closed = _closed(c, now)
     if c.pristine:
         return closed, None
     return closed, Transition(c.resource, c.state, closed.state, f"reset by {who}")
