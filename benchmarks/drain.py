@@ -24,10 +24,10 @@ from typing import Any
 
 from benchmarks.fixtures import BenchDatabase
 from benchmarks.machine import CpuMeter, CpuSplit
-from relay.config import RelayConfig
-from relay.outcome import Fate, Outcome
-from relay.publisher import Outgoing, Publisher
-from relay.relay import Relay, RunSummary
+from relay.amqp.publisher import Outgoing, Publisher
+from relay.core.outcome import Fate, Outcome
+from relay.loop.relay import Relay, RunSummary
+from relay.runtime.config import RelayConfig
 from relay.store.sql_store import open_store
 
 DB_POLL = 0.02  # seconds between progress checks against the database (subprocess)
@@ -82,7 +82,7 @@ def drain_in_process(
     timeout: float,
     profile_dir: Path | None = None,
 ) -> DrainResult:
-    """Relay the backlog with the relay's own parts, wired as `relay.runner.build_relay` does."""
+    """Relay the backlog with the relay's own parts, wired as `relay.runtime.runner` does."""
     expected = db.loaded
     config = RelayConfig(db_url=db.url, amqp_url=amqp_url, relay_id="bench-in-process")
     store = open_store(config.db_url)
@@ -358,7 +358,7 @@ def drain_one_at_a_time(
     Drains `limit` messages of the backlog (it is slow; its rate is what is compared)."""
     import pika
 
-    from relay.wire import to_outgoing
+    from relay.amqp.wire import to_outgoing
 
     store = open_store(db.url)
     conn = pika.BlockingConnection(pika.URLParameters(amqp_url))

@@ -8,7 +8,8 @@ with Session(engine) as session, session.begin():
 """
 
 from outbox.config import configure
-from outbox.consumer import Consumer, ConsumerPolicy, Message, Processor, Reject, Retry
+from outbox.consumer.consumer import Consumer, ConsumerPolicy, Message, Processor, Reject, Retry
+from outbox.consumer.inbox import process_once, purge_inbox
 from outbox.enqueue import enqueue
 from outbox.errors import (
     IdempotencyConflict,
@@ -21,7 +22,6 @@ from outbox.errors import (
     PayloadTooLarge,
     SchemaMissing,
 )
-from outbox.inbox import process_once, purge_inbox
 from outbox.schema import create_schema
 from outbox.states import State
 

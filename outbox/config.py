@@ -1,4 +1,4 @@
-"""Process-wide settings of the library side (the relay has its own, in `relay.config`)."""
+"""Process-wide settings of the library side (the relay has its own, in `relay.runtime.config`)."""
 
 from __future__ import annotations
 

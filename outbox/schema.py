@@ -181,7 +181,7 @@ relay_instance = Table(
     Column("last_seen", _Time, nullable=False),
 )
 
-# The consumer side: one row per message a consumer has processed (outbox/inbox.py). The primary
+# The consumer side: one row per message a consumer has processed (outbox/consumer/inbox.py). The primary
 # key is what makes a second delivery a no-op; processed_at drives retention.
 inbox = Table(
     "outbox_inbox",

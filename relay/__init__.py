@@ -1,6 +1,6 @@
 """The outbox relay: claims outbox rows and publishes them to RabbitMQ with publisher confirms."""
 
-from relay.config import RelayConfig
-from relay.relay import Relay, RunSummary
+from relay.loop.relay import Relay, RunSummary
+from relay.runtime.config import RelayConfig
 
 __all__ = ["Relay", "RelayConfig", "RunSummary"]

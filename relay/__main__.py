@@ -1,5 +1,5 @@
 import sys
 
-from relay.cli import main
+from relay.cli.main import main
 
 sys.exit(main())

@@ -41,11 +41,11 @@ from sqlalchemy.engine import make_url
 
 import outbox
 from outbox.schema import message
-from relay.config import RelayConfig
-from relay.publisher import Publisher
-from relay.relay import PassResult, Relay, RunSummary
+from relay.amqp.publisher import Publisher
+from relay.loop.relay import PassResult, Relay, RunSummary
+from relay.runtime.config import RelayConfig
+from relay.runtime.telemetry import Telemetry
 from relay.store.sql_store import SqlStore, open_store
-from relay.telemetry import Telemetry
 
 # A database the tests may create schemas in, and a broker (vhost) they may declare names in.
 PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from relay.core.failures import Classified, FailureClass
-from relay.outcome import Outcome
+from relay.core.outcome import Outcome
 
 
 class CircuitState(StrEnum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from relay.outcome import Fate, Outcome
+from relay.core.outcome import Fate, Outcome
 
 
 class FailureClass(StrEnum):

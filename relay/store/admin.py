@@ -27,7 +27,8 @@ from sqlalchemy import (
 
 from outbox.schema import attempt, message
 from outbox.states import State
-from relay.store import postgres_sql, sqlite_sql
+from relay.store import postgres as postgres_sql
+from relay.store import sqlite as sqlite_sql
 
 
 @dataclass(frozen=True, slots=True)

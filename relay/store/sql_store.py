@@ -35,15 +35,17 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from outbox.schema import is_missing_table
-from relay.config import parse_db_url, redact
 from relay.core.bucket import Bucket
 from relay.core.circuit import Circuit, CircuitState
 from relay.core.failures import DbFailure, FailureClass, classify_db_error
 from relay.core.policy import Dead, Retry
 from relay.errors import DatabaseUnavailable, RelayError, SchemaNotFound
-from relay.retention_loop import RetentionPolicy, run_retention_once
-from relay.store import postgres_sql, resource_sql, sqlite_sql
-from relay.store.base import Claimed, ResourceRow, StateCounts, T
+from relay.loop.maintenance import RetentionPolicy, run_retention_once
+from relay.ports import Claimed, ResourceRow, StateCounts, T
+from relay.runtime.config import parse_db_url, redact
+from relay.store import postgres as postgres_sql
+from relay.store import resource_sql
+from relay.store import sqlite as sqlite_sql
 from relay.store.sqlite_tx import sqlite_transaction
 
 _Time = DateTime(timezone=True)

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from relay.core import circuit
 from relay.core.circuit import CircuitSettings
-from relay.store.base import ResourceRow
+from relay.ports import ResourceRow
 from relay.store.sql_store import open_store
 from tests.e2e.test_cli import assert_one_line_error, cli
 

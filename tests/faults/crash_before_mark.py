@@ -11,9 +11,9 @@ import sys
 import uuid
 from collections.abc import Sequence
 
-from relay.config import RelayConfig
-from relay.publisher import Publisher
-from relay.relay import Relay
+from relay.amqp.publisher import Publisher
+from relay.loop.relay import Relay
+from relay.runtime.config import RelayConfig
 from relay.store.sql_store import SqlStore, make_engine
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 
 import outbox
 from relay.core.circuit import CircuitSettings, CircuitState
-from relay.relay import Relay
+from relay.loop.relay import Relay
 from tests.conftest import Broker, RelayFactory, wait_until
 
 FAST = CircuitSettings(threshold=5, cooldown=0.5, max_cooldown=2.0, probe_timeout=30.0)

@@ -22,7 +22,14 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox.consumer import ATTEMPT_HEADER, ERROR_HEADER, ConsumerPolicy, dead_queue, retry_queue
+from outbox.consumer.consumer import (
+    ATTEMPT_HEADER,
+    ERROR_HEADER,
+    ConsumerPolicy,
+    Handler,
+    dead_queue,
+    retry_queue,
+)
 from tests.conftest import Broker, amqp_connection, wait_until
 
 
@@ -70,7 +77,7 @@ def run_consumer(
 ) -> Iterator[Callable[..., outbox.Consumer]]:
     running: list[tuple[outbox.Consumer, threading.Thread]] = []
 
-    def start(engine: Engine, queue: str, handler: outbox.consumer.Handler, **kw: Any) -> Any:
+    def start(engine: Engine, queue: str, handler: Handler, **kw: Any) -> Any:
         consumer = outbox.Consumer(engine, amqp_url, queue, handler, **kw)
         thread = threading.Thread(target=consumer.run, daemon=True)
         thread.start()

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, String, func, insert, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import outbox
-from relay.relay import PassResult
+from relay.loop.relay import PassResult
 from tests.conftest import (
     Broker,
     Delivery,
@@ -287,7 +287,7 @@ def test_wire_format(
 def test_float_header_values_are_published(
     app_engine: Engine, broker: Broker, relay_factory: RelayFactory, db_url: str
 ) -> None:
-    # Sent as AMQP doubles; relay.amqp_values (installed by importing the relay) also fixes
+    # Sent as AMQP doubles; relay.amqp.codec (installed by importing the relay) also fixes
     # pika's decoder, which would otherwise truncate them, for this test's consumer.
     floats = {"ratio": 0.25, "negative": -3.5, "large": 1e300, "whole": 2.0}
     with app_engine.begin() as conn:

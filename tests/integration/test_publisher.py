@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
+from relay.amqp.publisher import Publisher
 from relay.errors import BrokerUnavailable
-from relay.publisher import Publisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

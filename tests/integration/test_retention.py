@@ -29,9 +29,10 @@ import outbox
 from outbox import migrate
 from outbox.ids import new_id
 from outbox.schema import attempt, message
-from relay import cli, retention_cli
-from relay.config import RelayConfig
-from relay.retention_loop import DAY, RetentionPolicy, run_retention_once
+from relay.cli import main as cli
+from relay.cli import retention as retention_cli
+from relay.loop.maintenance import DAY, RetentionPolicy, run_retention_once
+from relay.runtime.config import RelayConfig
 from relay.store import retention
 from relay.store.sql_store import make_engine, open_store
 from tests.conftest import make_app_engine, pg_schema, states

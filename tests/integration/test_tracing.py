@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import outbox
-from relay.telemetry import Telemetry
+from relay.runtime.telemetry import Telemetry
 from tests.conftest import Broker, RelayFactory, wait_until
 
 

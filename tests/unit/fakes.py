@@ -7,14 +7,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from relay.amqp.publisher import Done, Outgoing
 from relay.core.bucket import Bucket
 from relay.core.circuit import Circuit
+from relay.core.outcome import Fate, Outcome
 from relay.core.policy import Dead, Retry
 from relay.errors import DatabaseUnavailable
-from relay.outcome import Fate, Outcome
-from relay.publisher import Done, Outgoing
-from relay.retention_loop import RetentionPolicy
-from relay.store.base import Claimed, ResourceRow, StateCounts, T
+from relay.loop.maintenance import RetentionPolicy
+from relay.ports import Claimed, ResourceRow, StateCounts, T
 
 EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from relay import cli
-from relay.config import RelayConfig
+from relay.cli import main as cli
 from relay.core.failures import FailureClass
+from relay.runtime.config import RelayConfig
 
 
 def _config(argv: list[str]) -> RelayConfig:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from relay import cli
-from relay.config import RelayConfig, parse_amqp_url, parse_db_url, redact
+from relay.cli import main as cli
 from relay.errors import ConfigError
+from relay.runtime.config import RelayConfig, parse_amqp_url, parse_db_url, redact
 
 
 @pytest.mark.parametrize(

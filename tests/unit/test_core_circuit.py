@@ -11,8 +11,8 @@ from relay.core import bucket, circuit
 from relay.core.circuit import Circuit, CircuitSettings, CircuitState
 from relay.core.failures import Classified
 from relay.core.failures import FailureClass as FC
+from relay.core.outcome import Fate, Outcome
 from relay.core.policy import DEFAULT_PERMANENT
-from relay.outcome import Fate, Outcome
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 S = CircuitSettings(threshold=3, cooldown=10.0, max_cooldown=80.0, probe_timeout=60.0)

@@ -21,8 +21,8 @@ from relay.core.failures import (
     classify,
     classify_db_error,
 )
+from relay.core.outcome import Fate, Outcome
 from relay.core.policy import Attempted, Dead, Publish, Retry, RetryPolicy, decide
-from relay.outcome import Fate, Outcome
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 FC = FailureClass

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from relay import cli
-from relay.health import PATHS
+from relay.cli import main as cli
+from relay.runtime.health import PATHS
 
 ROOT = Path(__file__).resolve().parents[2]
-# Standard OpenTelemetry SDK variables (read by the SDK, or by relay/telemetry.py).
+# Standard OpenTelemetry SDK variables (read by the SDK, or by relay/runtime/telemetry.py).
 OTEL_VARIABLES = {
     "OTEL_SERVICE_NAME",
     "OTEL_TRACES_EXPORTER",
@@ -55,7 +55,7 @@ def test_compose_has_every_service_of_the_full_path() -> None:
     }  # fmt: skip
     assert "management" in services["rabbitmq"]["image"]
     assert "5672:5672" in services["rabbitmq"]["ports"]
-    demo_source = (ROOT / "relay" / "demo_services.py").read_text()
+    demo_source = (ROOT / "relay" / "demo" / "services.py").read_text()
     assert "docker compose up -d rabbitmq" in demo_source
 
 

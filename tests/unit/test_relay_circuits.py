@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import random
 
-from relay.config import RelayConfig
+from relay.amqp.publisher import Outgoing
 from relay.core.circuit import CircuitSettings, CircuitState
-from relay.outcome import Fate, Outcome
-from relay.publisher import Outgoing
-from relay.relay import Relay
+from relay.core.outcome import Fate, Outcome
+from relay.loop.relay import Relay
+from relay.runtime.config import RelayConfig
 from tests.unit.fakes import FakePublisher, FakeStore, make_claimed
 
 SETTINGS = CircuitSettings(threshold=3, cooldown=10.0, max_cooldown=60.0, probe_timeout=60.0)
@@ -187,7 +187,7 @@ def test_circuit_changes_and_failures_are_counted_in_metrics() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from relay.telemetry import Telemetry
+    from relay.runtime.telemetry import Telemetry
 
     reader = InMemoryMetricReader()
     telemetry = Telemetry(meter_provider=MeterProvider(metric_readers=[reader]))

@@ -7,10 +7,10 @@ import random
 import threading
 import time
 
-from relay.config import RelayConfig
-from relay.outcome import Fate, Outcome
-from relay.publisher import Outgoing
-from relay.relay import Relay
+from relay.amqp.publisher import Outgoing
+from relay.core.outcome import Fate, Outcome
+from relay.loop.relay import Relay
+from relay.runtime.config import RelayConfig
 from tests.unit.fakes import EPOCH, FakePublisher, FakeStore, make_claimed
 
 

@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 
 from outbox import migrate
 from outbox.ids import new_id
-from relay import retention_cli, retention_loop
-from relay.cli import _Parser
-from relay.config import RelayConfig
+from relay.cli import retention as retention_cli
+from relay.cli.main import _Parser
 from relay.errors import ConfigError
-from relay.retention_loop import DAY, RetentionPolicy
+from relay.loop import maintenance as retention_loop
+from relay.loop.maintenance import DAY, RetentionPolicy
+from relay.runtime.config import RelayConfig
 from relay.store import retention
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from relay.errors import ConfigError
-from relay.health import HealthServer
-from relay.telemetry import setup
+from relay.runtime.health import HealthServer
+from relay.runtime.telemetry import setup
 
 
 def test_with_nothing_set_nothing_is_exported_and_no_span_is_made() -> None:

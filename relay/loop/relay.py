@@ -20,19 +20,19 @@ from typing import Protocol
 
 from opentelemetry.trace import Span
 
-from relay.config import RelayConfig
+from relay.amqp.publisher import Done, Outgoing
+from relay.amqp.wire import MalformedRow, to_outgoing
 from relay.core.circuit import is_resource_failure
 from relay.core.failures import Classified, classify
+from relay.core.outcome import Fate, Outcome
 from relay.core.policy import Attempted, Dead, Publish, Retry, decide
 from relay.errors import DatabaseUnavailable
-from relay.guard import ResourceGuard
-from relay.observe import Observer
-from relay.outcome import Fate, Outcome
-from relay.publisher import Done, Outgoing
-from relay.retention_loop import RetentionPolicy
-from relay.store.base import Claimed, Store
-from relay.telemetry import Telemetry
-from relay.wire import MalformedRow, to_outgoing
+from relay.loop.circuits import ResourceGuard
+from relay.loop.maintenance import RetentionPolicy
+from relay.loop.observer import Observer
+from relay.ports import Claimed, Store
+from relay.runtime.config import RelayConfig
+from relay.runtime.telemetry import Telemetry
 
 log = logging.getLogger("relay")
 

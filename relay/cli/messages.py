@@ -19,9 +19,9 @@ from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
 from outbox.states import State
-from relay.config import RelayConfig
-from relay.durations import parse_moment
+from relay.core.durations import parse_moment
 from relay.errors import ConfigError
+from relay.runtime.config import RelayConfig
 from relay.store import admin
 from relay.store.sql_store import make_engine, translate_db_error
 

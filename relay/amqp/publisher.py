@@ -29,10 +29,10 @@ from pika import spec
 from pika.adapters.select_connection import IOLoop, SelectConnection
 from pika.exceptions import ChannelClosedByBroker, UnsupportedAMQPFieldException
 
-from relay import amqp_values
-from relay.config import redact
+from relay.amqp import codec as amqp_values
+from relay.core.outcome import Fate, Outcome
 from relay.errors import BrokerUnavailable
-from relay.outcome import Fate, Outcome
+from relay.runtime.config import redact
 
 log = logging.getLogger("relay.publisher")
 amqp_values.install()

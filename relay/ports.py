@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 from relay.core.bucket import Bucket
 from relay.core.circuit import Circuit
 from relay.core.policy import Dead, Retry
-from relay.retention_loop import RetentionPolicy
+from relay.loop.maintenance import RetentionPolicy
 
 T = TypeVar("T")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 import outbox
-from relay.config import RelayConfig, redact
-from relay.ops import operator_engine
+from relay.cli.messages import operator_engine
+from relay.runtime.config import RelayConfig, redact
 from relay.store.sql_store import open_store
 
 log = logging.getLogger("relay")

@@ -14,11 +14,11 @@ import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
 
-from relay.config import RelayConfig
 from relay.core import bucket, circuit
 from relay.core.circuit import Circuit, CircuitState, Transition
-from relay.resources import Naming, broker_id
-from relay.store.base import ResourceRow, Store
+from relay.core.resources import Naming, broker_id
+from relay.ports import ResourceRow, Store
+from relay.runtime.config import RelayConfig
 
 log = logging.getLogger("relay")
 

@@ -17,10 +17,10 @@ from typing import Any
 from tqdm import tqdm
 
 from outbox.states import State
-from relay.config import RelayConfig
-from relay.durations import positive_duration_arg
+from relay.cli.messages import operator_engine, utc_now
+from relay.core.durations import positive_duration_arg
 from relay.errors import ConfigError
-from relay.ops import operator_engine, utc_now
+from relay.runtime.config import RelayConfig
 from relay.store import retention
 
 DEFAULT_STATES: tuple[str, ...] = (State.PUBLISHED.value,)

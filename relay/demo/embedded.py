@@ -22,12 +22,12 @@ import pika
 from pika.exceptions import AMQPError
 
 import outbox
-from relay.config import RelayConfig, redact
-from relay.demo_services import declare, order_table, tracer_provider, write_order
-from relay.publisher import Publisher
-from relay.relay import Relay
+from relay.amqp.publisher import Publisher
+from relay.demo.services import declare, order_table, tracer_provider, write_order
+from relay.loop.relay import Relay
+from relay.runtime.config import RelayConfig, redact
+from relay.runtime.telemetry import Telemetry, setup
 from relay.store.sql_store import make_engine, open_store
-from relay.telemetry import Telemetry, setup
 
 log = logging.getLogger("relay.demo")
 

@@ -14,7 +14,7 @@ from sqlalchemy.exc import ArgumentError
 from relay.core.circuit import CircuitSettings
 from relay.core.policy import RetryPolicy
 from relay.errors import ConfigError
-from relay.retention_loop import RetentionPolicy
+from relay.loop.maintenance import RetentionPolicy
 
 DEFAULT_DB_URL = "sqlite:///outbox.db"
 DEFAULT_AMQP_URL = "amqp://guest:guest@localhost:5672/%2F"

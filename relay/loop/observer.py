@@ -27,8 +27,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from outbox.states import ALL_STATES
 from relay.core.circuit import CircuitState, Transition
 from relay.core.policy import Dead, Retry
-from relay.store.base import Claimed, StateCounts, Store
-from relay.telemetry import Telemetry, gauge
+from relay.ports import Claimed, StateCounts, Store
+from relay.runtime.telemetry import Telemetry, gauge
 
 LOOP_SPAN_EVERY = 1.0  # seconds between two sampled loop spans of one kind
 COUNTS_FRESH = 0.5  # seconds one reading of the state counts serves the gauges of a collection

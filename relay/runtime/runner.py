@@ -9,14 +9,14 @@ from types import FrameType
 
 from outbox.migrate import current_version
 from outbox.schema import SCHEMA_VERSION
-from relay.config import RelayConfig
+from relay.amqp.publisher import Publisher
 from relay.errors import ConfigError, SchemaNotFound
-from relay.health import HealthServer
-from relay.publisher import Publisher
-from relay.relay import Relay
+from relay.loop.relay import Relay
+from relay.runtime.config import RelayConfig
+from relay.runtime.health import HealthServer
+from relay.runtime.telemetry import Telemetry, setup
+from relay.runtime.wakeup import listener_for
 from relay.store.sql_store import SqlStore, open_store
-from relay.telemetry import Telemetry, setup
-from relay.wakeup import listener_for
 
 log = logging.getLogger("relay")
 

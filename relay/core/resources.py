@@ -15,7 +15,7 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
-from relay.config import parse_amqp_url
+from relay.runtime.config import parse_amqp_url
 from relay.store.resource_sql import SCOPES
 
 

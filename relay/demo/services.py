@@ -27,9 +27,9 @@ from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, insert
 from sqlalchemy.orm import Session
 
 import outbox
-from relay.config import redact
 from relay.errors import BrokerUnavailable
-from relay.telemetry import Telemetry, setup
+from relay.runtime.config import redact
+from relay.runtime.telemetry import Telemetry, setup
 
 EXCHANGE = "outbox-demo"
 QUEUE = "outbox-demo.orders"

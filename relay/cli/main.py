@@ -9,13 +9,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from relay.config import DEFAULT_AMQP_URL, DEFAULT_DB_URL, RelayConfig, default_relay_id
 from relay.core.circuit import CircuitSettings
+from relay.core.durations import positive_duration_arg
 from relay.core.failures import FailureClass
 from relay.core.policy import RetryPolicy
-from relay.durations import positive_duration_arg
 from relay.errors import ConfigError, RelayError
-from relay.retention_loop import RetentionPolicy
+from relay.loop.maintenance import RetentionPolicy
+from relay.runtime.config import DEFAULT_AMQP_URL, DEFAULT_DB_URL, RelayConfig, default_relay_id
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -301,10 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="counts by state and the age of the oldest ready one")
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
-    from relay import ops
+    from relay.cli import messages as ops
 
     ops.add_parsers(sub)
-    from relay import circuits_cli, retention_cli
+    from relay.cli import circuits as circuits_cli
+    from relay.cli import retention as retention_cli
 
     retention_cli.add_parser(sub)
     circuits_cli.add_parser(sub)
@@ -342,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, argparse.ArgumentTypeError) as exc:  # a bad OUTBOX_* variable
         print(f"outbox-relay: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    from relay import logs
+    from relay.runtime import logs
 
     logs.setup(args.log_level)
     handler = _COMMANDS[args.command]
@@ -399,21 +400,21 @@ def _config(args: argparse.Namespace) -> RelayConfig:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from relay.commands import migrate
+    from relay.cli.schema import migrate
 
     return migrate(_config(args))
 
 
 def _run(args: argparse.Namespace) -> int:
-    from relay.runner import run_relay
+    from relay.runtime.runner import run_relay
 
     return run_relay(_config(args))
 
 
 def _status(args: argparse.Namespace) -> int:
-    from relay.circuits_cli import format_circuits, not_closed
-    from relay.commands import status
-    from relay.ops import per_exchange, table
+    from relay.cli.circuits import format_circuits, not_closed
+    from relay.cli.messages import per_exchange, table
+    from relay.cli.schema import status
 
     config = _config(args)
     report = status(config)
@@ -456,8 +457,8 @@ def format_status(report: dict[str, float | int | None]) -> str:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from relay.config import parse_amqp_url
-    from relay.demo import run_demo
+    from relay.demo.embedded import run_demo
+    from relay.runtime.config import parse_amqp_url
 
     parse_amqp_url(args.amqp)
     return run_demo(
@@ -466,7 +467,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _demo_producer(args: argparse.Namespace) -> int:
-    from relay.demo_services import run_producer
+    from relay.demo.services import run_producer
 
     config = _config(args)  # validates --db and --amqp
     return run_producer(
@@ -480,26 +481,26 @@ def _demo_producer(args: argparse.Namespace) -> int:
 
 
 def _demo_consumer(args: argparse.Namespace) -> int:
-    from relay.demo_services import run_consumer
+    from relay.demo.services import run_consumer
 
     config = _config(args)
     return run_consumer(config.db_url, config.amqp_url, exchange=args.exchange, queue=args.queue)
 
 
 def _purge(args: argparse.Namespace) -> int:
-    from relay.retention_cli import cmd_purge
+    from relay.cli.retention import cmd_purge
 
     return cmd_purge(_config(args), args)
 
 
 def _circuits(args: argparse.Namespace) -> int:
-    from relay.circuits_cli import cmd_circuits
+    from relay.cli.circuits import cmd_circuits
 
     return cmd_circuits(_config(args), args)
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from relay.ops import COMMANDS
+    from relay.cli.messages import COMMANDS
 
     return COMMANDS[args.command](_config(args), args)
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pika
 
-from relay.publisher import Outgoing
-from relay.store.base import Claimed
+from relay.amqp.publisher import Outgoing
+from relay.ports import Claimed
 
 PERSISTENT = 2
 KEY_HEADER = "x-outbox-key"

@@ -7,7 +7,7 @@
     consumer.run()                      # until consumer.stop() (from a signal handler or thread)
 
 For each delivery: the handler runs in a transaction together with an inbox record keyed by the
-message id (outbox/inbox.py), so a redelivered or duplicated message is recognised and acknowledged
+message id (outbox/consumer/inbox.py), so a redelivered or duplicated message is recognised and acknowledged
 without running the handler again; the delivery is acknowledged only after that transaction
 commits. A handler that raises is retried through the broker with growing delays (the message goes
 to `<queue>.retry.<N>s`, a queue whose TTL sends it back after N seconds), or dead-lettered to
@@ -45,7 +45,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
-from outbox.inbox import process_once, purge_inbox
+from outbox.consumer.inbox import process_once, purge_inbox
 
 log = logging.getLogger("outbox.consumer")
 

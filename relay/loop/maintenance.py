@@ -21,8 +21,8 @@ from sqlalchemy.exc import OperationalError
 from outbox.states import State
 from relay.errors import ConfigError, DatabaseUnavailable
 
-# Nothing from relay.store at import time: relay.config may hold a RetentionPolicy, and the store
-# imports relay.config.
+# Nothing from relay.store at import time: the config holds a RetentionPolicy, and the store
+# imports the config.
 FAILED_STATES: tuple[str, ...] = (State.DEAD.value, State.DISCARDED.value, State.CANCELLED.value)
 
 log = logging.getLogger("relay")

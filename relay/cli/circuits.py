@@ -15,13 +15,13 @@ import datetime as dt
 import json
 from typing import Any
 
-from relay.config import RelayConfig
+from relay.cli.messages import table, utc_now
 from relay.core import circuit
 from relay.core.circuit import Circuit, CircuitState
 from relay.errors import ConfigError
-from relay.guard import log_transition
-from relay.ops import table, utc_now
-from relay.store.base import ResourceRow
+from relay.loop.circuits import log_transition
+from relay.ports import ResourceRow
+from relay.runtime.config import RelayConfig
 from relay.store.sql_store import SqlStore, open_store
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import psycopg
 
 from outbox.enqueue import NOTIFY_CHANNEL
-from relay.config import parse_db_url
+from relay.runtime.config import parse_db_url
 
 log = logging.getLogger("relay.wakeup")
 

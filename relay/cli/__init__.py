@@ -1,0 +1,1 @@
+"""The outbox-relay command line: one module per command group; `main` parses and dispatches."""
