@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from outbox.dberrors import DbFailure, classify_db_error
 from relay.core.outcome import Fate, Outcome
+
+# Database failures are classified by the library, which owns the rule (its consumer needs it
+# and must not import the relay); re-exported for the relay's code that names them here.
+__all__ = ["Classified", "DbFailure", "FailureClass", "classify", "classify_db_error"]
 
 
 class FailureClass(StrEnum):
@@ -41,23 +46,3 @@ def classify(outcome: Outcome) -> Classified | None:
         Fate.DESTINATION_MISSING: FailureClass.DESTINATION_MISSING,
     }[fate]
     return Classified(cls, detail)
-
-
-class DbFailure(StrEnum):
-    TRANSIENT = "transient"  # retry the statement (connection lost, serialization, deadlock)
-    PERMANENT = "permanent"  # retrying cannot help (schema missing, bad data, privileges)
-
-
-# SQLSTATE classes and codes (PostgreSQL appendix A). Told apart by code, never by message text.
-_TRANSIENT_CLASSES = ("08", "53", "57", "58")  # connection, resources, operator, system
-_TRANSIENT_CODES = frozenset({"40001", "40P01", "55P03", "25006"})  # serialization, deadlock,
-# lock_not_available, read_only_sql_transaction (a failover in progress)
-
-
-def classify_db_error(sqlstate: str | None) -> DbFailure:
-    """A database error by its SQLSTATE; no SQLSTATE means the connection itself failed."""
-    if sqlstate is None:
-        return DbFailure.TRANSIENT
-    if sqlstate in _TRANSIENT_CODES or sqlstate[:2] in _TRANSIENT_CLASSES:
-        return DbFailure.TRANSIENT
-    return DbFailure.PERMANENT

@@ -34,10 +34,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from outbox.dberrors import DbFailure, classify_db_error
 from outbox.schema import is_missing_table
 from relay.core.bucket import Bucket
 from relay.core.circuit import Circuit, CircuitState
-from relay.core.failures import DbFailure, FailureClass, classify_db_error
+from relay.core.failures import FailureClass
 from relay.core.policy import Dead, Retry
 from relay.errors import DatabaseUnavailable, RelayError, SchemaNotFound
 from relay.loop.maintenance import RetentionPolicy, run_retention_once
