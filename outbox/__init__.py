@@ -5,11 +5,18 @@ with Session(engine) as session, session.begin():
     session.add(order)
     outbox.enqueue(session, exchange="orders", routing_key="order.created",
                    payload={"id": order.id}, key=str(order.id))
+
+`import outbox` loads neither pika nor the relay: an application that only enqueues pays for
+neither. The consumer's names (`outbox.Consumer`, `outbox.Processor`, ...) and `outbox.testing`
+are imported on first use.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from outbox.config import configure
-from outbox.consumer.consumer import Consumer, ConsumerPolicy, Message, Processor, Reject, Retry
-from outbox.consumer.inbox import process_once, purge_inbox
 from outbox.enqueue import enqueue
 from outbox.errors import (
     IdempotencyConflict,
@@ -24,6 +31,48 @@ from outbox.errors import (
 )
 from outbox.schema import create_schema
 from outbox.states import State
+
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
+    import outbox.testing as testing
+    from outbox.consumer import (
+        Consumer,
+        ConsumerPolicy,
+        Message,
+        Processor,
+        Reject,
+        Retry,
+        process_once,
+        purge_inbox,
+    )
+
+# Name -> the module that holds it; imported when the name is first looked up (PEP 562). The
+# consumer package imports pika, which an application that only enqueues never needs.
+_LAZY = {
+    "Consumer": "outbox.consumer",
+    "ConsumerPolicy": "outbox.consumer",
+    "Message": "outbox.consumer",
+    "Processor": "outbox.consumer",
+    "Reject": "outbox.consumer",
+    "Retry": "outbox.consumer",
+    "process_once": "outbox.consumer",
+    "purge_inbox": "outbox.consumer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "testing":
+        return importlib.import_module("outbox.testing")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, "testing"})
+
 
 __all__ = [
     "Consumer",
@@ -47,4 +96,5 @@ __all__ = [
     "enqueue",
     "process_once",
     "purge_inbox",
+    "testing",
 ]

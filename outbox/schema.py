@@ -59,7 +59,7 @@ message = Table(
     Column("headers", _Json, nullable=True),
     Column("key", String(255), nullable=True),
     # A keyed message parked behind an earlier unfinished message of its key: out of the ready
-    # index until that one settles (see relay/store/postgres_sql.py, CLAIM).
+    # index until that one settles (relay/store/postgres.py: the claim parks, settling unparks).
     Column("held", Boolean, nullable=False, server_default=text("false")),
     Column("idempotency_key", String(255), nullable=True),
     Column("priority", Integer, nullable=False, server_default=text("0")),
@@ -181,8 +181,8 @@ relay_instance = Table(
     Column("last_seen", _Time, nullable=False),
 )
 
-# The consumer side: one row per message a consumer has processed (outbox/consumer/inbox.py). The primary
-# key is what makes a second delivery a no-op; processed_at drives retention.
+# The consumer side: one row per message a consumer has processed (outbox/consumer/inbox.py).
+# The primary key is what makes a second delivery a no-op; processed_at drives retention.
 inbox = Table(
     "outbox_inbox",
     metadata,

@@ -29,13 +29,11 @@ from pika import spec
 from pika.adapters.select_connection import IOLoop, SelectConnection
 from pika.exceptions import ChannelClosedByBroker, UnsupportedAMQPFieldException
 
-from relay.amqp import codec as amqp_values
 from relay.core.outcome import Fate, Outcome
 from relay.errors import BrokerUnavailable
 from relay.runtime.config import redact
 
 log = logging.getLogger("relay.publisher")
-amqp_values.install()
 
 # What basic_publish raises when the message itself cannot be encoded (as opposed to a channel
 # that is closing): such a message would fail the same way forever.

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pika
-
+from outbox.amqp_codec import Properties
 from relay.amqp.publisher import Outgoing
 from relay.ports import Claimed
 
@@ -41,7 +40,7 @@ def to_outgoing(
     for what, value in (("exchange", row.exchange), ("routing_key", row.routing_key)):
         if len(value.encode("utf-8")) > 255:
             raise MalformedRow(f"{what} is longer than 255 bytes")
-    props = pika.BasicProperties(
+    props = Properties(  # float headers as AMQP doubles (outbox/amqp_codec.py)
         content_type=row.content_type,
         delivery_mode=PERSISTENT,
         message_id=str(row.id),

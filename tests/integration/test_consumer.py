@@ -22,7 +22,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox.consumer.consumer import (
+from outbox.consumer import (
     ATTEMPT_HEADER,
     ERROR_HEADER,
     ConsumerPolicy,

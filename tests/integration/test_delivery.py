@@ -17,6 +17,7 @@ from sqlalchemy import Engine, String, func, insert, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import outbox
+from outbox.amqp_codec import install_float_decoding
 from relay.loop.relay import PassResult
 from tests.conftest import (
     Broker,
@@ -287,8 +288,9 @@ def test_wire_format(
 def test_float_header_values_are_published(
     app_engine: Engine, broker: Broker, relay_factory: RelayFactory, db_url: str
 ) -> None:
-    # Sent as AMQP doubles; relay.amqp.codec (installed by importing the relay) also fixes
-    # pika's decoder, which would otherwise truncate them, for this test's consumer.
+    # Sent as AMQP doubles (outbox/amqp_codec.py); this test's consumer decodes them as
+    # outbox.Consumer does, since pika by itself would truncate them to integers.
+    install_float_decoding()
     floats = {"ratio": 0.25, "negative": -3.5, "large": 1e300, "whole": 2.0}
     with app_engine.begin() as conn:
         sent = outbox.enqueue(

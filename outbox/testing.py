@@ -1,0 +1,213 @@
+"""Helpers for an application's own tests: did this transaction enqueue that message?
+
+No broker and no relay: these read the outbox table through the caller's own Session or
+Connection, so rows the transaction has not committed yet are seen, exactly as the relay will
+see them once it commits.
+
+    from outbox.testing import assert_enqueued, enqueued
+
+    def test_placing_an_order_announces_it(session: Session) -> None:
+        place_order(session, order_id=17)           # calls outbox.enqueue(session, ...)
+        assert_enqueued(session, exchange="orders", routing_key="order.created",
+                        payload={"id": 17}, key="17")
+
+    def test_a_refused_order_announces_nothing(session: Session) -> None:
+        refuse_order(session, order_id=18)
+        assert enqueued(session, exchange="orders") == []
+
+Filters compare for equality and combine with AND; one left out matches anything:
+- `exchange`, `routing_key`, `key` (`key=None` asks for messages without an ordering key),
+  `content_type`, `idempotency_key`;
+- `payload`: compared with the payload decoded as a consumer reads it (`EnqueuedMessage.payload`:
+  JSON content types as `json.loads` returns them, `text/*` as a string, anything else as bytes);
+  a bytes value is compared with the body as sent;
+- `headers`: every header given is present with that value (others may be there too). These are
+  the caller's headers; the relay adds `x-outbox-key` and the trace context only on the wire.
+
+Every message the caller's transaction can see is considered, committed ones from before the test
+included: give each test a database of its own, or filter narrowly enough. Matches come back in
+enqueue order.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypedDict, Unpack
+
+from sqlalchemy import Connection, RowMapping, select
+from sqlalchemy.orm import Session
+
+from outbox.schema import message
+
+__all__ = [
+    "EnqueuedMessage",
+    "Filters",
+    "assert_enqueued",
+    "assert_not_enqueued",
+    "decode_payload",
+    "enqueued",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedMessage:
+    """One row of the outbox table, as a test wants to look at it."""
+
+    id: uuid.UUID  # also the AMQP message_id
+    exchange: str
+    routing_key: str
+    payload: Any  # decoded by content type: dict/list (JSON), str (text/*), else bytes
+    body: bytes  # exactly what will be published
+    content_type: str
+    key: str | None
+    headers: Mapping[str, Any]  # the caller's headers ({} when none)
+    idempotency_key: str | None
+    priority: int
+    max_attempts: int | None
+    state: str
+    available_at: dt.datetime
+    created_at: dt.datetime
+
+    def describe(self) -> str:
+        """One line for an assertion message."""
+        return (
+            f"{self.exchange!r} / {self.routing_key!r} key={self.key!r} "
+            f"payload={self.payload!r} headers={dict(self.headers)!r} ({self.state}, id {self.id})"
+        )
+
+
+class Filters(TypedDict, total=False):
+    """What `enqueued` and the assertions filter on; a filter left out matches anything."""
+
+    exchange: str
+    routing_key: str
+    payload: Any
+    key: str | None  # None: messages without an ordering key
+    headers: Mapping[str, Any]  # each given header present with that value
+    content_type: str
+    idempotency_key: str | None
+
+
+_COLUMN_FILTERS = ("exchange", "routing_key", "key", "content_type", "idempotency_key")
+
+
+def enqueued(db: Session | Connection, **filters: Unpack[Filters]) -> list[EnqueuedMessage]:
+    """The messages `db`'s transaction can see that match every filter given, in enqueue order."""
+    unknown = set(filters) - set(Filters.__annotations__)
+    if unknown:
+        raise TypeError(
+            f"unknown filter(s) {sorted(unknown)}; filters are {sorted(Filters.__annotations__)}"
+        )
+    given: Mapping[str, Any] = filters
+    stmt = select(message).order_by(message.c.seq)
+    for column in _COLUMN_FILTERS:
+        if column in given:
+            value = given[column]
+            condition = message.c[column].is_(None) if value is None else message.c[column] == value
+            stmt = stmt.where(condition)
+    found = [_message(row) for row in _connection(db).execute(stmt).mappings()]
+    return [m for m in found if _payload_matches(m, given) and _headers_match(m, given)]
+
+
+def assert_enqueued(
+    db: Session | Connection, *, count: int | None = None, **filters: Unpack[Filters]
+) -> list[EnqueuedMessage]:
+    """Fail unless a message matching the filters was enqueued (exactly `count` of them, if
+    given); return the matches. The AssertionError lists every message that was enqueued."""
+    matches = enqueued(db, **filters)
+    if matches and (count is None or len(matches) == count):
+        return matches
+    wanted = f"{count} message(s)" if count is not None else "a message"
+    found = f"{len(matches)} match" if matches else "none matches"
+    raise AssertionError(
+        f"expected {wanted} enqueued with {_describe(filters)}; {found}.\n" + _listing(enqueued(db))
+    )
+
+
+def assert_not_enqueued(db: Session | Connection, **filters: Unpack[Filters]) -> None:
+    """Fail if any message matching the filters was enqueued (no filter: any message at all)."""
+    matches = enqueued(db, **filters)
+    if matches:
+        raise AssertionError(
+            f"expected no message enqueued with {_describe(filters)}; {len(matches)} found.\n"
+            + _listing(matches)
+        )
+
+
+def decode_payload(body: bytes, content_type: str) -> Any:
+    """A body as a consumer reads it, by its content type: JSON, text, or the bytes unchanged."""
+    media, _, params = content_type.partition(";")
+    media = media.strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        try:
+            return json.loads(body)
+        except ValueError:
+            return body
+    if media.startswith("text/"):
+        charset = "utf-8"
+        for param in params.split(";"):
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "charset" and value.strip():
+                charset = value.strip().strip('"')
+        try:
+            return body.decode(charset)
+        except (LookupError, UnicodeDecodeError):
+            return body
+    return body
+
+
+def _message(row: RowMapping) -> EnqueuedMessage:
+    body = bytes(row["payload"])
+    return EnqueuedMessage(
+        id=row["id"],
+        exchange=row["exchange"],
+        routing_key=row["routing_key"],
+        payload=decode_payload(body, row["content_type"]),
+        body=body,
+        content_type=row["content_type"],
+        key=row["key"],
+        headers=dict(row["headers"] or {}),
+        idempotency_key=row["idempotency_key"],
+        priority=row["priority"],
+        max_attempts=row["max_attempts"],
+        state=row["state"],
+        available_at=row["available_at"],
+        created_at=row["created_at"],
+    )
+
+
+def _payload_matches(found: EnqueuedMessage, filters: Mapping[str, Any]) -> bool:
+    if "payload" not in filters:
+        return True
+    expected = filters["payload"]
+    if isinstance(expected, bytes | bytearray | memoryview):
+        return found.body == bytes(expected)
+    return bool(found.payload == expected)
+
+
+def _headers_match(found: EnqueuedMessage, filters: Mapping[str, Any]) -> bool:
+    expected: Mapping[str, Any] = filters.get("headers") or {}
+    return all(name in found.headers and found.headers[name] == v for name, v in expected.items())
+
+
+def _connection(db: Session | Connection) -> Connection:
+    if isinstance(db, Session):
+        return db.connection()  # the session's transaction, without flushing its objects
+    if isinstance(db, Connection):
+        return db
+    raise TypeError(f"expected a SQLAlchemy Session or Connection, not {type(db).__name__}")
+
+
+def _describe(filters: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in filters.items()) or "no filter"
+
+
+def _listing(messages: list[EnqueuedMessage]) -> str:
+    if not messages:
+        return "Nothing was enqueued."
+    lines = [f"{len(messages)} enqueued:"] + [f"  {m.describe()}" for m in messages]
+    return "\n".join(lines)
