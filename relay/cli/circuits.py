@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from relay.cli.messages import table, utc_now
+from relay.cli.options import Commands, Handler
 from relay.core import circuit
 from relay.core.circuit import Circuit, CircuitState
 from relay.errors import ConfigError
@@ -25,7 +26,7 @@ from relay.runtime.config import RelayConfig
 from relay.store.sql_store import SqlStore, open_store
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "circuits", help="circuit breakers and rate limits per broker resource; reset one"
     )
@@ -148,3 +149,6 @@ def _reset(store: SqlStore, wanted: str, *, as_json: bool) -> int:
     else:
         print(f"closed {name} (was {was.state.value}, {was.failures} failures)")
     return 0
+
+
+COMMANDS: dict[str, Handler] = {"circuits": cmd_circuits}

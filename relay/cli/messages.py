@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
 from outbox.states import State
+from relay.cli.options import Commands, Handler
 from relay.core.durations import parse_moment
 from relay.errors import ConfigError
 from relay.runtime.config import RelayConfig
@@ -58,7 +59,7 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--error-contains", metavar="TEXT", help="last error contains TEXT")
 
 
-def add_parsers(sub: Any) -> None:
+def add_parsers(sub: Commands) -> None:
     messages = sub.add_parser("messages", help="list messages, newest first, with filters")
     _add_filters(messages)
     messages.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
@@ -304,7 +305,7 @@ def per_exchange(config: RelayConfig) -> list[dict[str, Any]]:
         return admin.per_exchange(engine, utc_now())
 
 
-COMMANDS: dict[str, Callable[[RelayConfig, argparse.Namespace], int]] = {
+COMMANDS: dict[str, Handler] = {
     "messages": cmd_messages,
     "show": cmd_show,
     "replay": cmd_replay,

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from tqdm import tqdm
 
 from outbox.states import State
 from relay.cli.messages import operator_engine, utc_now
-from relay.core.durations import positive_duration_arg
+from relay.cli.options import Commands, Handler, argparse_type
+from relay.core.durations import positive_duration
 from relay.errors import ConfigError
 from relay.runtime.config import RelayConfig
 from relay.store import retention
@@ -30,7 +30,7 @@ DEFAULT_BATCH_SIZE = 1000
 MAX_BATCH_SIZE = 10_000
 
 
-older_than = positive_duration_arg  # --older-than: a positive duration in seconds
+older_than = argparse_type(positive_duration)  # --older-than: a positive duration in seconds
 
 
 def purge_states(raw: str) -> list[str]:
@@ -54,7 +54,7 @@ def batch_size(raw: str) -> int:
     return value
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "purge",
         help="delete old published (or dead, discarded, cancelled) messages, in small batches",
@@ -119,3 +119,6 @@ def cmd_purge(config: RelayConfig, args: argparse.Namespace) -> int:
     else:
         print(f"purged {n} message(s)")
     return 0
+
+
+COMMANDS: dict[str, Handler] = {"purge": cmd_purge}

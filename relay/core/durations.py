@@ -18,6 +18,24 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
+def positive_duration(text: str) -> float:
+    """A duration longer than zero, in seconds; ValueError otherwise."""
+    value = parse_duration(text)
+    if value <= 0:
+        raise ValueError(f"{text!r} must be longer than zero")
+    return value
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest form parse_duration reads back: 604800 -> '7d', 90 -> '90s', 0.5 -> '500ms'."""
+    # Weeks are left out: "7d" is how people say a week of retention.
+    for unit in ("d", "h", "m", "s", "ms"):
+        count = seconds / _UNITS[unit]
+        if count >= 1 and count == round(count):
+            return f"{round(count)}{unit}"
+    return f"{seconds:g}s"
+
+
 def parse_moment(text: str, now: dt.datetime) -> dt.datetime:
     """A point in time: a duration means that long before `now`; otherwise ISO 8601 (UTC if no
     offset is given)."""
@@ -32,16 +50,3 @@ def parse_moment(text: str, now: dt.datetime) -> dt.datetime:
             f"{text!r} is neither a duration (2h, 7d) nor an ISO timestamp (2026-11-22T08:00)"
         ) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
-
-
-def positive_duration_arg(raw: str) -> float:
-    """An argparse `type=`: a duration longer than zero, in seconds."""
-    import argparse
-
-    try:
-        value = parse_duration(raw)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{raw!r} must be longer than zero")
-    return value

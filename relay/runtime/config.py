@@ -1,23 +1,39 @@
-"""One frozen, validated configuration for the relay, built from flags and environment."""
+"""The relay's one configuration: RelayConfig, frozen and validated, and the table of settings
+that builds it from flags and environment variables.
+
+Each setting is declared once, in SETTINGS: its flag, its variable, how its text is read, its help
+and the commands that read it. The CLI gives argparse no defaults; `resolve` takes, per setting, the
+flag, else the variable, else RelayConfig's default, and reads the variable's text only then, so a
+bad value is reported under the name it came from, and only by a command that reads it.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from relay.core.circuit import CircuitSettings
+from relay.core.durations import format_duration, positive_duration
+from relay.core.failures import FailureClass
 from relay.core.policy import RetryPolicy
+from relay.core.resources import SCOPES
+from relay.core.retention import RetentionPolicy
 from relay.errors import ConfigError
-from relay.loop.maintenance import RetentionPolicy
+from relay.runtime.logs import LEVELS
 
 DEFAULT_DB_URL = "sqlite:///outbox.db"
 DEFAULT_AMQP_URL = "amqp://guest:guest@localhost:5672/%2F"
+# What a dead keyed message does to the rest of its key: holds it, or is passed over.
+DEAD_KEY_MODES = ("hold", "skip")
 
 
 def default_relay_id() -> str:
@@ -29,6 +45,7 @@ class RelayConfig:
     db_url: str = DEFAULT_DB_URL
     amqp_url: str = DEFAULT_AMQP_URL
     relay_id: str = field(default_factory=default_relay_id)
+    log_level: str = "INFO"  # one of relay.runtime.logs.LEVELS
     batch_size: int = 500  # rows per claim
     max_in_flight: int = 5000  # published, unconfirmed messages; bounds memory and redelivery
     poll_interval: float = 0.5  # longest wait between claims when idle (a notification ends it)
@@ -39,12 +56,12 @@ class RelayConfig:
     reclaim_interval: float = 5.0  # seconds between sweeps for expired leases
     sweep_interval: float = 5.0  # seconds between sweeps for keys freed by a dead or cancelled head
     listen: bool = True  # PostgreSQL: LISTEN for enqueue notifications (polling continues)
-    dead_key: str = "hold"  # a dead head holds its key ("hold") or is passed over ("skip")
+    dead_key: str = "hold"  # one of DEAD_KEY_MODES
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     # Delete old terminal messages between claims; None turns it off.
     retention: RetentionPolicy | None = field(default_factory=RetentionPolicy)
     circuit: CircuitSettings = field(default_factory=CircuitSettings)
-    # What fails together (relay/resources.py): "broker", "exchange" or "routing_key".
+    # What fails together (relay/core/resources.py): one of SCOPES.
     circuit_scope: str = "exchange"
     circuit_refresh: float = 1.0  # seconds between reads of the circuits other relays changed
     # Messages per second per resource part (the exchange, at the default scope), shared by
@@ -65,8 +82,14 @@ class RelayConfig:
             "reclaim_interval",
         ):
             _positive(name, getattr(self, name))
-        if self.dead_key not in ("hold", "skip"):
-            raise ConfigError(f"dead_key must be 'hold' or 'skip', not {self.dead_key!r}")
+        if self.log_level not in LEVELS:
+            raise ConfigError(
+                f"log level must be one of {', '.join(LEVELS)}, not {self.log_level!r}"
+            )
+        if self.dead_key not in DEAD_KEY_MODES:
+            raise ConfigError(
+                f"dead_key must be one of {', '.join(DEAD_KEY_MODES)}, not {self.dead_key!r}"
+            )
         if self.drain_timeout < 0:
             raise ConfigError(f"drain_timeout must not be negative, got {self.drain_timeout}")
         p = self.policy
@@ -95,9 +118,9 @@ class RelayConfig:
                 f"circuit probe timeout ({c.probe_timeout:g}) must be longer than confirm_timeout "
                 f"({self.confirm_timeout:g}), or a second relay could probe while the first waits"
             )
-        if self.circuit_scope not in ("broker", "exchange", "routing_key"):
+        if self.circuit_scope not in SCOPES:
             raise ConfigError(
-                f"circuit scope must be broker, exchange or routing_key, not {self.circuit_scope!r}"
+                f"circuit scope must be one of {', '.join(SCOPES)}, not {self.circuit_scope!r}"
             )
         _positive("circuit_refresh", self.circuit_refresh)
         if not 0 <= self.http_port <= 65535:
@@ -114,38 +137,61 @@ def _positive(name: str, value: float) -> None:
         raise ConfigError(f"{name} must be positive, got {value}")
 
 
+# --------------------------------------------------------------------------- URLs
+
+
 def parse_db_url(raw: str) -> URL:
     """Validate a SQLAlchemy URL; raise ConfigError naming the problem."""
     try:
+        return _db_url(raw)
+    except ValueError as exc:
+        raise ConfigError(f"--db: {exc}") from None
+
+
+def _db_url(raw: str) -> URL:
+    try:
         url = make_url(raw)
     except ArgumentError:
-        raise ConfigError(
-            f"--db: cannot parse {redact(raw)!r} as a database URL "
+        raise ValueError(
+            f"{redact(raw)!r} is not a database URL "
             "(expected e.g. postgresql+psycopg://user@host/db or sqlite:///outbox.db)"
         ) from None
     backend = url.get_backend_name()
     if backend not in ("postgresql", "sqlite"):
-        raise ConfigError(f"--db: unsupported database {backend!r} (use postgresql or sqlite)")
+        raise ValueError(
+            f"{redact(raw)!r} names an unsupported database {backend!r} (use postgresql or sqlite)"
+        )
     if url.drivername == "postgresql":
         # A plain postgresql:// URL means psycopg 3, the driver this project ships with.
         return url.set(drivername="postgresql+psycopg")
     if backend == "postgresql" and url.get_driver_name() != "psycopg":
-        raise ConfigError(f"--db: unsupported driver {url.drivername!r} (use postgresql+psycopg)")
+        raise ValueError(
+            f"{redact(raw)!r} names an unsupported driver {url.drivername!r} "
+            "(use postgresql+psycopg)"
+        )
     return url
 
 
 def parse_amqp_url(raw: str) -> urllib.parse.SplitResult:
+    """Validate an AMQP URL; raise ConfigError naming the problem."""
+    try:
+        return _amqp_url(raw)
+    except ValueError as exc:
+        raise ConfigError(f"--amqp: {exc}") from None
+
+
+def _amqp_url(raw: str) -> urllib.parse.SplitResult:
     parts = urllib.parse.urlsplit(raw)
     if parts.scheme not in ("amqp", "amqps"):
-        raise ConfigError(
-            f"--amqp: {redact(raw)!r} is not an AMQP URL (expected amqp://user:pass@host:5672/vhost)"
+        raise ValueError(
+            f"{redact(raw)!r} is not an AMQP URL (expected amqp://user:pass@host:5672/vhost)"
         )
     if not parts.hostname:
-        raise ConfigError(f"--amqp: {redact(raw)!r} names no host")
+        raise ValueError(f"{redact(raw)!r} names no host")
     try:
         _ = parts.port
     except ValueError:
-        raise ConfigError(f"--amqp: {redact(raw)!r} has an invalid port") from None
+        raise ValueError(f"{redact(raw)!r} has an invalid port") from None
     return parts
 
 
@@ -159,3 +205,344 @@ def redact(raw: str) -> str:
     except ValueError:
         return "<unparseable URL>"
     return raw
+
+
+# --------------------------------------------------------------------------- reading text
+# Each reader turns a flag's or a variable's text into a value, or raises ValueError with a
+# message that starts with the text: "'abc' is not an integer".
+
+
+def positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{raw!r} is not an integer") from None
+    if value <= 0:
+        raise ValueError(f"{raw!r} must be positive")
+    return value
+
+
+def _number(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{raw!r} is not a finite number")
+    return value
+
+
+def positive_number(raw: str) -> float:
+    value = _number(raw)
+    if not value > 0:
+        raise ValueError(f"{raw!r} must be positive")
+    return value
+
+
+def non_negative_number(raw: str) -> float:
+    value = _number(raw)
+    if value < 0:
+        raise ValueError(f"{raw!r} must not be negative")
+    return value
+
+
+def age(raw: str) -> float | None:
+    """A positive duration, or 'forever' (None)."""
+    return None if raw.strip().lower() == "forever" else positive_duration(raw)
+
+
+def port(raw: str) -> int:
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ValueError(f"{raw!r} is not a port number (0 to 65535)")
+    return int(raw)
+
+
+def switch(raw: str) -> bool:
+    words = {"1": True, "true": True, "yes": True, "on": True,
+             "0": False, "false": False, "no": False, "off": False}  # fmt: skip
+    try:
+        return words[raw.strip().lower()]
+    except KeyError:
+        raise ValueError(f"{raw!r} is not on or off (use 1/0, true/false, yes/no)") from None
+
+
+def text(raw: str) -> str:
+    if not raw.strip():
+        raise ValueError(f"{raw!r} is empty")
+    return raw.strip()
+
+
+def failure_classes(raw: str) -> frozenset[FailureClass]:
+    """Comma-separated failure class names, or 'none'."""
+    if raw.strip().lower() == "none":
+        return frozenset()
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    known = {c.value: c for c in FailureClass}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(
+            f"{raw!r} names an unknown failure class {', '.join(unknown)} "
+            f"(known: {', '.join(known)})"
+        )
+    return frozenset(known[n] for n in names)
+
+
+def _pairs(raw: str, read: Callable[[str, str], tuple[str, Any]]) -> dict[str, Any]:
+    return dict(read(item.strip(), raw) for item in raw.split(",") if item.strip())
+
+
+def exchange_limits(raw: str) -> dict[str, int]:
+    """Comma-separated EXCHANGE=N."""
+
+    def read(item: str, whole: str) -> tuple[str, int]:
+        name, sep, number = item.rpartition("=")
+        if not sep or not number.isdigit() or int(number) < 1:
+            raise ValueError(f"{whole!r}: {item!r} is not EXCHANGE=N with N >= 1")
+        return name, int(number)
+
+    return _pairs(raw, read)
+
+
+def rate_limits(raw: str) -> dict[str, float]:
+    """Comma-separated RESOURCE=RATE, in messages per second."""
+
+    def read(item: str, whole: str) -> tuple[str, float]:
+        name, sep, number = item.rpartition("=")
+        try:
+            rate = float(number)
+        except ValueError:
+            rate = 0.0
+        if not sep or not (rate > 0 and math.isfinite(rate)):
+            raise ValueError(
+                f"{whole!r}: {item!r} is not RESOURCE=RATE with RATE > 0 messages per second"
+            )
+        return name, rate
+
+    return _pairs(raw, read)
+
+
+def db_url(raw: str) -> str:
+    _db_url(raw)
+    return raw
+
+
+def amqp_url(raw: str) -> str:
+    _amqp_url(raw)
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class OneOf:
+    """A reader that accepts one of `choices` (upper-cased first when `upper`)."""
+
+    choices: tuple[str, ...]
+    upper: bool = False
+
+    def __call__(self, raw: str) -> str:
+        value = raw.strip().upper() if self.upper else raw.strip()
+        if value not in self.choices:
+            raise ValueError(f"{raw!r} is not one of {', '.join(self.choices)}")
+        return value
+
+
+# --------------------------------------------------------------------------- the settings
+
+RUN = frozenset({"run"})
+# The commands that talk to the broker; the others need no AMQP URL.
+BROKER_COMMANDS = frozenset({"run", "demo", "demo-producer", "demo-consumer"})
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One option of the relay: its flag, its environment variable, and who reads it."""
+
+    flag: str  # "--batch-size"; its dest ("batch_size") names the setting
+    env: str | None  # the environment variable; None: a flag only
+    target: str  # what it sets in RelayConfig, dotted for a part of one: "policy.max_age"
+    read: Callable[[str], Any]  # text -> value; see "reading text" above
+    help: str
+    commands: frozenset[str] | None = RUN  # the commands that read it; None: every command
+    not_for: frozenset[str] = frozenset()  # exceptions to `commands`
+    everywhere: bool = False  # a global option: accepted before or after any command's name
+    show: Callable[[Any], str] = str  # the default as --help writes it
+    metavar: str | None = None
+    secret: bool = False  # may hold a password: redacted wherever it is shown
+    repeat: bool = False  # repeated flags add up; the variable is comma-separated
+    switch: bool = False  # --flag / --no-flag; the variable is read by `switch`
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    def used_by(self, command: str) -> bool:
+        listed = self.commands is None or command in self.commands
+        return listed and command not in self.not_for
+
+    def default(self) -> Any:
+        value: Any = _defaults()
+        for name in self.target.split("."):
+            value = getattr(value, name)
+        return value
+
+    def shown(self, raw: str) -> str:
+        return redact(raw) if self.secret else raw
+
+    def from_env(self, raw: str) -> Any:
+        """The variable's value; ConfigError naming the variable when it cannot be read."""
+        assert self.env is not None
+        try:
+            return self.read(raw)
+        except ValueError as exc:
+            said, message = repr(self.shown(raw)), str(exc)
+            # Readers start with the text they were given; say it once.
+            problem = message if message.startswith(said) else f"{said}: {message}"
+            raise ConfigError(f"{self.env}={problem}") from None
+
+
+@cache
+def _defaults() -> RelayConfig:
+    return RelayConfig()
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+def _age_text(value: float | None) -> str:
+    return "forever" if value is None else format_duration(value)
+
+
+def _mapping_text(value: Mapping[str, object]) -> str:
+    pairs = (f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
+    return ",".join(pairs) or "none"
+
+
+def _classes_text(value: frozenset[FailureClass]) -> str:
+    return ",".join(sorted(c.value for c in value)) or "none"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # Global options: every command accepts them, before or after its name.
+    Setting("--db", "OUTBOX_DB_URL", "db_url", db_url, "SQLAlchemy database URL",
+            commands=None, not_for=frozenset({"demo"}), everywhere=True, show=redact,
+            metavar="URL", secret=True),
+    Setting("--amqp", "OUTBOX_AMQP_URL", "amqp_url", amqp_url, "AMQP URL of the broker",
+            commands=BROKER_COMMANDS, everywhere=True, show=redact, metavar="URL", secret=True),
+    Setting("--log-level", "OUTBOX_LOG_LEVEL", "log_level", OneOf(LEVELS, upper=True),
+            "log level", commands=None, everywhere=True),
+    # `run`: the relay.
+    Setting("--relay-id", "OUTBOX_RELAY_ID", "relay_id", text,
+            "name of this relay in leases and logs", show=lambda _: "HOSTNAME:PID", metavar="ID"),
+    Setting("--batch-size", "OUTBOX_BATCH_SIZE", "batch_size", positive_int,
+            "rows claimed at a time", metavar="N"),
+    Setting("--max-in-flight", "OUTBOX_MAX_IN_FLIGHT", "max_in_flight", positive_int,
+            "unconfirmed messages at most", metavar="N"),
+    Setting("--poll-interval", "OUTBOX_POLL_INTERVAL", "poll_interval", positive_number,
+            "longest wait in seconds between claims when idle; right after work the relay looks "
+            "again within milliseconds", show=_seconds, metavar="SECONDS"),
+    Setting("--listen", "OUTBOX_LISTEN", "listen", switch,
+            "on PostgreSQL, LISTEN for enqueue notifications to wake at once (polling continues "
+            "either way, e.g. behind pgbouncer)", show=lambda on: "on" if on else "off",
+            switch=True),
+    Setting("--lease", "OUTBOX_LEASE_SECONDS", "lease_seconds", positive_number,
+            "seconds a claim is held before others may take it over", show=_seconds,
+            metavar="SECONDS"),
+    Setting("--max-attempts", "OUTBOX_MAX_ATTEMPTS", "policy.max_attempts", positive_int,
+            "attempts before a message is dead-lettered, unless it sets its own", metavar="N"),
+    Setting("--max-attempts-for", None, "policy.max_attempts_by_exchange", exchange_limits,
+            "max attempts for one exchange; repeatable, or comma-separated",
+            show=_mapping_text, metavar="EXCHANGE=N", repeat=True),
+    Setting("--max-age", "OUTBOX_MAX_AGE", "policy.max_age", positive_duration,
+            "dead-letter a failing message this old", show=_age_text, metavar="DURATION"),
+    Setting("--backoff-base", "OUTBOX_BACKOFF_BASE", "policy.base", positive_duration,
+            "first backoff window", show=format_duration, metavar="DURATION"),
+    Setting("--backoff-cap", "OUTBOX_BACKOFF_CAP", "policy.cap", positive_duration,
+            "longest backoff window", show=format_duration, metavar="DURATION"),
+    Setting("--permanent", "OUTBOX_PERMANENT", "policy.permanent", failure_classes,
+            "failure classes dead-lettered at once, comma-separated, or 'none' (malformed rows "
+            "are dead whatever this says)", show=_classes_text, metavar="CLASSES"),
+    Setting("--retain-published", "OUTBOX_RETAIN_PUBLISHED", "retention.published_after", age,
+            "delete published messages this long after publishing, or 'forever'",
+            show=_age_text, metavar="DURATION"),
+    Setting("--retain-failed", "OUTBOX_RETAIN_FAILED", "retention.failed_after", age,
+            "delete dead, discarded and cancelled messages this old, or 'forever'",
+            show=_age_text, metavar="DURATION"),
+    Setting("--dead-key", "OUTBOX_DEAD_KEY", "dead_key", OneOf(DEAD_KEY_MODES),
+            "when a keyed message is dead-lettered, hold the rest of its key until an operator "
+            "replays or discards it, or skip past it"),
+    Setting("--circuit-threshold", "OUTBOX_CIRCUIT_THRESHOLD", "circuit.threshold", positive_int,
+            "consecutive failures of one resource that open its circuit", metavar="N"),
+    Setting("--circuit-cooldown", "OUTBOX_CIRCUIT_COOLDOWN", "circuit.cooldown",
+            positive_duration, "first open period; it doubles while the resource keeps failing",
+            show=format_duration, metavar="DURATION"),
+    Setting("--circuit-max-cooldown", "OUTBOX_CIRCUIT_MAX_COOLDOWN", "circuit.max_cooldown",
+            positive_duration, "longest open period", show=format_duration, metavar="DURATION"),
+    Setting("--circuit-scope", "OUTBOX_CIRCUIT_SCOPE", "circuit_scope", OneOf(SCOPES),
+            "what fails together and shares a circuit: the broker (and vhost), each exchange, "
+            "or each exchange and routing key; the same on every relay"),
+    Setting("--rate-limit", "OUTBOX_RATE_LIMITS", "rate_limits", rate_limits,
+            "messages per second for one resource (its exchange at the default scope), shared "
+            "by every relay; repeatable, or comma-separated", show=_mapping_text,
+            metavar="RESOURCE=RATE", repeat=True),
+    Setting("--http-port", "OUTBOX_HTTP_PORT", "http_port", port,
+            "serve /healthz, /readyz and /metrics on this port; 0 turns it off", metavar="PORT"),
+    Setting("--http-host", "OUTBOX_HTTP_HOST", "http_host", text, "address for --http-port",
+            metavar="HOST"),
+    Setting("--confirm-timeout", "OUTBOX_CONFIRM_TIMEOUT", "confirm_timeout", positive_number,
+            "seconds to wait for a broker confirm", show=_seconds, metavar="SECONDS"),
+    Setting("--drain-timeout", "OUTBOX_DRAIN_TIMEOUT", "drain_timeout", non_negative_number,
+            "seconds to wait for in-flight confirms on shutdown", show=_seconds,
+            metavar="SECONDS"),
+)  # fmt: skip
+
+
+def settings_for(command: str) -> tuple[Setting, ...]:
+    """The settings only `command` has flags for (the global options aside)."""
+    return tuple(s for s in SETTINGS if not s.everywhere and s.used_by(command))
+
+
+def resolve(command: str, flags: Mapping[str, Any], environ: Mapping[str, str]) -> RelayConfig:
+    """The configuration `command` runs with.
+
+    `flags` holds the values argparse read, by dest (None: not given). Each setting takes its
+    flag, else its variable (an empty one counts as unset), else RelayConfig's default. A command
+    reads only the variables of the settings it uses, so a bad one it ignores stops nothing.
+    """
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if flags.get(setting.dest) is not None:
+            values[setting.target] = flags[setting.dest]
+        elif setting.env and setting.used_by(command) and environ.get(setting.env, "").strip():
+            values[setting.target] = setting.from_env(environ[setting.env])
+    return build(values)
+
+
+_PARTS: Mapping[str, Callable[..., Any]] = {
+    "policy": RetryPolicy,
+    "retention": RetentionPolicy,
+    "circuit": CircuitSettings,
+}
+
+
+def build(values: Mapping[str, Any]) -> RelayConfig:
+    """RelayConfig from values by field path; what is not given keeps its default."""
+    top: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {}
+    for path, value in values.items():
+        head, _, tail = path.partition(".")
+        if tail:
+            parts.setdefault(head, {})[tail] = value
+        else:
+            top[head] = value
+    policy = parts.get("policy", {})
+    if "base" in policy:
+        # The shortest backoff never exceeds the first window.
+        policy["floor"] = min(RetryPolicy().floor, policy["base"])
+    if "confirm_timeout" in top:
+        # Longer than a confirm can take, so a probe in flight is never taken over.
+        parts.setdefault("circuit", {})["probe_timeout"] = max(
+            CircuitSettings().probe_timeout, 2 * top["confirm_timeout"]
+        )
+    for head, kwargs in parts.items():
+        top[head] = _PARTS[head](**kwargs)
+    return RelayConfig(**top)

@@ -6,6 +6,8 @@ import logging
 import sys
 import time
 
+# The levels an operator may choose (--log-level, OUTBOX_LOG_LEVEL).
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 

@@ -211,6 +211,52 @@ def test_a_bad_amqp_url_exits_2_with_one_line(sqlite_url: str, tmp_path: Path) -
     assert "--amqp" in line
 
 
+# --------------------------------------------------------------------------- configuration
+
+
+def test_a_bad_variable_is_named_and_exits_2_with_one_line(tmp_path: Path) -> None:
+    result = cli("run", cwd=tmp_path, env=environment(OUTBOX_BATCH_SIZE="abc"))
+    line = assert_one_line_error(result, 2)
+    assert line == "outbox-relay: error: OUTBOX_BATCH_SIZE='abc' is not an integer"
+
+
+def test_a_bad_variable_the_command_does_not_read_does_not_stop_it(
+    db_url: str, tmp_path: Path
+) -> None:
+    env = environment(OUTBOX_BATCH_SIZE="abc", OUTBOX_AMQP_URL="http://not-amqp/")
+    result = cli("--db", db_url, "migrate", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_global_options_may_follow_the_command(
+    app_engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    result = cli("status", "--json", "--db", db_url, "--log-level", "debug", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert set(json.loads(result.stdout)) >= STATUS_KEYS
+    assert not (tmp_path / "outbox.db").exists()  # the default URL was not used
+
+
+def test_version(tmp_path: Path) -> None:
+    result = cli("--version", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("outbox-relay ")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"]], ids=["global", "run"])
+def test_help_shows_no_password(args: list[str], tmp_path: Path) -> None:
+    env = environment(
+        OUTBOX_DB_URL="postgresql+psycopg://app:hunter2@db/app",
+        OUTBOX_AMQP_URL="amqp://relay:hunter2@broker/%2F",
+    )
+    result = cli(*args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "OUTBOX_AMQP_URL" in result.stdout
+    assert "hunter2" not in result.stdout
+    assert "guest:guest" not in result.stdout
+
+
 # --------------------------------------------------------------------------- runtime failures
 
 
