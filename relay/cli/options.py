@@ -34,7 +34,7 @@ def argparse_type(read: Callable[[str], T]) -> Callable[[str], T]:
 
 def _help(setting: Setting) -> str:
     env = f"env {setting.env}; " if setting.env else ""
-    text = f"{setting.help} ({env}default {setting.show(setting.default())})"
+    text = f"{setting.help} ({env}default {setting.default_text()})"
     return text.replace("%", "%%")  # argparse %-formats help; URLs hold %2F
 
 

@@ -368,7 +368,7 @@ class Setting:
     metavar: str | None = None
     secret: bool = False  # may hold a password: redacted wherever it is shown
     repeat: bool = False  # repeated flags add up; the variable is comma-separated
-    switch: bool = False  # --flag / --no-flag; the variable is read by `switch`
+    switch: bool = False  # --flag / --no-flag (`read` is then `switch`, for the variable)
 
     @property
     def dest(self) -> str:
@@ -386,6 +386,10 @@ class Setting:
 
     def shown(self, raw: str) -> str:
         return redact(raw) if self.secret else raw
+
+    def default_text(self) -> str:
+        """The default as --help writes it."""
+        return self.shown(self.show(self.default()))
 
     def from_env(self, raw: str) -> Any:
         """The variable's value; ConfigError naming the variable when it cannot be read."""
@@ -424,10 +428,10 @@ def _classes_text(value: frozenset[FailureClass]) -> str:
 SETTINGS: tuple[Setting, ...] = (
     # Global options: every command accepts them, before or after its name.
     Setting("--db", "OUTBOX_DB_URL", "db_url", db_url, "SQLAlchemy database URL",
-            commands=None, not_for=frozenset({"demo"}), everywhere=True, show=redact,
-            metavar="URL", secret=True),
+            commands=None, not_for=frozenset({"demo"}), everywhere=True, metavar="URL",
+            secret=True),
     Setting("--amqp", "OUTBOX_AMQP_URL", "amqp_url", amqp_url, "AMQP URL of the broker",
-            commands=BROKER_COMMANDS, everywhere=True, show=redact, metavar="URL", secret=True),
+            commands=BROKER_COMMANDS, everywhere=True, metavar="URL", secret=True),
     Setting("--log-level", "OUTBOX_LOG_LEVEL", "log_level", OneOf(LEVELS, upper=True),
             "log level", commands=None, everywhere=True),
     # `run`: the relay.
