@@ -1,4 +1,5 @@
-"""LISTEN for enqueue notifications (PostgreSQL) and wake the relay loop at once.
+"""LISTEN for enqueue notifications (PostgreSQL) and wake the relay loop at once. The statement
+is the dialect's (relay/store/postgres.py, LISTEN); a database without one is polled only.
 
 A latency optimisation only: polling goes on regardless, so nothing depends on a notification
 arriving (pgbouncer in transaction mode, for one, drops LISTEN).
@@ -13,15 +14,16 @@ from collections.abc import Callable
 
 import psycopg
 
-from outbox.enqueue import NOTIFY_CHANNEL
 from relay.runtime.config import parse_db_url
+from relay.store.databases import DIALECTS
 
 log = logging.getLogger("relay.wakeup")
 
 
 class Listener:
-    def __init__(self, db_url: str, on_notify: Callable[[], None]) -> None:
+    def __init__(self, db_url: str, listen: str, on_notify: Callable[[], None]) -> None:
         url = parse_db_url(db_url).set(drivername="postgresql")
+        self._listen = listen
         self._conninfo = url.render_as_string(hide_password=False)
         self._on_notify = on_notify
         self._stop = threading.Event()
@@ -40,7 +42,7 @@ class Listener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    conn.execute(self._listen)
                     if failures:
                         log.info("listen.restored")
                     failures = 0
@@ -55,9 +57,11 @@ class Listener:
 
 
 def listener_for(db_url: str, on_notify: Callable[[], None]) -> Listener | None:
-    """A listener when the database is PostgreSQL, else None (SQLite relays poll)."""
-    if parse_db_url(db_url).get_backend_name() != "postgresql":
+    """A listener when the database has notifications (PostgreSQL), else None (SQLite relays
+    poll)."""
+    listen = DIALECTS[parse_db_url(db_url).get_backend_name()].listen
+    if listen is None:
         return None
     with contextlib.suppress(Exception):
-        return Listener(db_url, on_notify)
+        return Listener(db_url, listen, on_notify)
     return None

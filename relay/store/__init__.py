@@ -1,6 +1,24 @@
-"""Persistence of the relay: claims, leases and state changes, for PostgreSQL and SQLite."""
+"""The relay's database adapter: one SqlStore running a Dialect (postgres.py, sqlite.py), the
+operator's queries (admin.py), retention (retention.py), and the one place driver errors become
+the relay's (sql_store.translated)."""
 
-from relay.ports import Claimed, StateCounts, Store
-from relay.store.sql_store import SqlStore, open_store
+from relay.store.databases import database_url, dialect_for
+from relay.store.sql_store import (
+    SqlStore,
+    database_clock,
+    make_engine,
+    open_store,
+    translate_db_error,
+    translated,
+)
 
-__all__ = ["Claimed", "SqlStore", "StateCounts", "Store", "open_store"]
+__all__ = [
+    "SqlStore",
+    "database_clock",
+    "database_url",
+    "dialect_for",
+    "make_engine",
+    "open_store",
+    "translate_db_error",
+    "translated",
+]

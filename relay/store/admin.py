@@ -1,8 +1,9 @@
 """The operator's queries: list, show, replay, discard, cancel, per-exchange status.
 
 Written with SQLAlchemy Core on the `outbox.schema` tables, so one definition serves every
-database; values are always bound. Every state change names the states it may leave, so a
-command racing a relay either wins cleanly or changes nothing.
+database (the one raw statement, the unpark sweep, is the dialect's); values are always bound.
+Every state change names the states it may leave, so a command racing a relay either wins cleanly
+or changes nothing.
 """
 
 from __future__ import annotations
@@ -21,14 +22,13 @@ from sqlalchemy import (
     func,
     insert,
     select,
-    text,
     update,
 )
 
 from outbox.schema import attempt, message
 from outbox.states import State
-from relay.store import postgres as postgres_sql
-from relay.store import sqlite as sqlite_sql
+from relay.core.retention import FAILED_STATES
+from relay.store.databases import dialect_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +138,7 @@ def matching_ids(engine: Engine, flt: MessageFilter, limit: int | None = None) -
         return [uuid.UUID(str(i)) for i in conn.execute(stmt).scalars()]
 
 
-REPLAYABLE = (State.DEAD.value, State.DISCARDED.value, State.CANCELLED.value)
+REPLAYABLE = FAILED_STATES
 
 
 def replay(
@@ -229,9 +229,9 @@ def _transition(
         changed = conn.execute(stmt).all()
         if changed and outcome in ("cancelled", "discarded"):
             # A cancelled or discarded head frees its key: unpark the next message now rather
-            # than at the relay's next sweep.
-            sql = postgres_sql if conn.dialect.name == "postgresql" else sqlite_sql
-            conn.execute(text(sql.UNPARK_SWEEP_HOLD))
+            # than at the relay's next sweep (with dead heads still holding their keys: the
+            # relays' own sweep frees those where dead_key is "skip").
+            conn.execute(dialect_for(conn.dialect.name).sql.unpark_sweep)
         if changed:
             conn.execute(
                 insert(attempt),

@@ -1,42 +1,67 @@
 """Every statement the relay runs on PostgreSQL, named and commented. Values are always bound.
 
 Each runs as a single statement in autocommit mode: one round trip, and no transaction left open
-between a claim and its settlement (the lease, not a lock, protects the row in between).
+between a claim and its settlement (the lease, not a lock, protects the row in between). The one
+exception is a resource change (circuits, rate buckets), a read and a write under FOR UPDATE.
+
+`coalesce(:now, now())` is the time everywhere: :now is NULL in production, so it is the server's
+clock, the one clock every relay shares; tests bind a frozen time.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import DBAPIError
+
+from outbox.dberrors import DbFailure, classify_db_error
+from outbox.enqueue import NOTIFY_CHANNEL
+from relay.store import common
+from relay.store.dialect import (
+    CLAIMED_COLUMNS,
+    LOCKED_RESOURCE_COLUMNS,
+    RELAY_COLUMNS,
+    RESOURCE_COLUMNS,
+    Dialect,
+    Statements,
+    compile_sql,
+)
+
+# ------------------------------------------------------------------------ claiming
+
 # Take up to :limit ready rows, highest priority first, then the longest due, then enqueue order
 # (the order of the two ready indexes, so these are index range scans however many published rows
-# the table holds). SKIP LOCKED lets concurrent relays claim disjoint rows without waiting.
+# the table holds). SKIP LOCKED lets concurrent relays claim disjoint rows without waiting for
+# each other: a row another relay is claiming right now is simply not a candidate.
 #
-# Per-key order: a keyed row is claimed only while no earlier row of its key is unfinished
-# ({blocking}: pending or in flight, and dead when a dead head holds its key), so at most one
-# message per key is in flight across all relays and a failing message holds back only its own
-# key. A keyed row found to have an earlier unfinished one is *parked* (held = true): it leaves
-# the ready index, so a key with thousands of messages queued behind its head costs later claims
-# nothing. MARK_PUBLISHED unparks the next message of each key it settles, and UNPARK_SWEEP
-# catches every other way a key can come free (dead-lettered, cancelled or discarded heads).
+# Per-key order: a keyed row is claimed only while no earlier row of its key blocks it
+# (common.is_head), so at most one message per key is in flight across all relays and a failing
+# message holds back only its own key. A keyed row found to have an earlier blocking one is
+# *parked* (held = true): it leaves the ready index, so a key with thousands of messages queued
+# behind its head costs later claims nothing. MARK_PUBLISHED unparks the next message of each key
+# it settles; common.unpark_sweep catches every other way a key comes free. At most :scan keyed
+# candidates are looked at per claim.
 #
-# Resources ({resource}: the row's part of its resource name, see resource_sql.SCOPES): rows of
-# the resources in :exclude (open circuits, rate-limited destinations) are passed by, so they never
+# Resources ({resource}: the row's part of its resource name, common.RESOURCE_PARTS): rows of the
+# resources in :exclude (open circuits, rate-limited destinations) are passed by, so they never
 # take a place in a batch; :only, when not null, claims for that one resource (a probe, or the
 # share a rate limit allows).
 _CLAIM = """
 WITH unkeyed AS (
     SELECT seq, priority, available_at FROM outbox_message
-    WHERE state = 'pending' AND key IS NULL AND available_at <= now() {filter}
+    WHERE state = 'pending' AND key IS NULL AND available_at <= coalesce(:now, now()) {filter}
     ORDER BY priority DESC, available_at, seq
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), keyed AS (
-    SELECT seq, priority, available_at,
-           NOT EXISTS (
-               SELECT 1 FROM outbox_message AS e
-               WHERE e.key = m.key AND e.seq < m.seq AND e.state IN ({blocking})
-           ) AS head
+    SELECT seq, priority, available_at, {head} AS head
     FROM outbox_message AS m
-    WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= now() {filter}
+    WHERE state = 'pending' AND key IS NOT NULL AND NOT held
+      AND available_at <= coalesce(:now, now()) {filter}
     ORDER BY priority DESC, available_at, seq
     LIMIT :scan
     FOR UPDATE SKIP LOCKED
@@ -58,7 +83,7 @@ SET state = 'in_flight',
     attempts = m.attempts + 1,
     lease_owner = :owner,
     lease_token = :token,
-    lease_expires_at = now() + make_interval(secs => :lease_seconds)
+    lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds)
 FROM ready
 WHERE m.seq = ready.seq
 RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type, m.headers, m.key,
@@ -69,34 +94,26 @@ _RESOURCE_FILTER = """
       AND NOT ({resource} = ANY(CAST(:exclude AS text[])))
       AND (CAST(:only AS text) IS NULL OR {resource} = CAST(:only AS text))"""
 
-
 # Whether a resource has a message a probe could take (checked before taking the probe, so an
 # idle resource is not probed with nothing and its circuit stays open until a message comes).
 _HAS_READY = """
 SELECT EXISTS (
     SELECT 1 FROM outbox_message
-    WHERE state = 'pending' AND available_at <= now() AND NOT held AND {resource} = :only
+    WHERE state = 'pending' AND available_at <= coalesce(:now, now()) AND NOT held
+      AND {resource} = :only
 )
 """
 
+# ------------------------------------------------------------------------ settling
 
-def has_ready(*, resource: str) -> str:
-    return _HAS_READY.format(resource=resource)
-
-
-def claim(*, hold: bool, resource: str) -> str:
-    """The claim statement for a dead-key mode and a resource expression (never user input)."""
-    blocking = "'pending', 'in_flight', 'dead'" if hold else "'pending', 'in_flight'"
-    return _CLAIM.format(blocking=blocking, filter=_RESOURCE_FILTER.format(resource=resource))
-
-
-# Only rows still in flight under this token change: a relay whose lease expired (and whose rows
-# another relay took over) can never overwrite the newer owner's work. The next parked message of
-# each key just published (its lowest seq) is unparked in the same statement.
+# The lease guard (lease_token = :token AND state = 'in_flight'): only rows still in flight under
+# this token change, so a relay whose lease expired (and whose rows another relay took over) can
+# never overwrite the newer owner's work, and a duplicate confirm changes nothing. The next
+# parked message of each key just published (its lowest seq) is unparked in the same statement.
 MARK_PUBLISHED = """
 WITH done AS (
     UPDATE outbox_message
-    SET state = 'published', published_at = now(), last_error = NULL,
+    SET state = 'published', published_at = coalesce(:now, now()), last_error = NULL,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE seq = ANY(CAST(:seqs AS bigint[])) AND lease_token = :token AND state = 'in_flight'
     RETURNING key
@@ -112,49 +129,33 @@ WITH done AS (
 SELECT count(*) FROM done
 """
 
-# The first parked message of every key is unparked when nothing earlier blocks it: heads that
-# were dead-lettered (with {blocking} lacking 'dead'), cancelled or discarded. One probe per key
-# with parked messages; run every few seconds as a safety net, not per claim.
-_UNPARK_SWEEP = """
-WITH firsts AS (
-    SELECT key, min(seq) AS seq FROM outbox_message
-    WHERE state = 'pending' AND held AND key IS NOT NULL
-    GROUP BY key
-)
-UPDATE outbox_message SET held = false
-WHERE seq IN (
-    SELECT f.seq FROM firsts AS f
-    WHERE NOT EXISTS (
-        SELECT 1 FROM outbox_message AS e
-        WHERE e.key = f.key AND e.seq < f.seq AND e.state IN ({blocking})
-    )
-)
-"""
-UNPARK_SWEEP_HOLD = _UNPARK_SWEEP.format(blocking="'pending', 'in_flight', 'dead'")
-UNPARK_SWEEP_SKIP = _UNPARK_SWEEP.format(blocking="'pending', 'in_flight'")
-
+# Rows a relay gives back (it is stopping before the broker confirmed them): pending again, due
+# after :delay_seconds, so another relay may take them. Lease-guarded like MARK_PUBLISHED.
 RELEASE = """
 UPDATE outbox_message
-SET state = 'pending', available_at = now() + make_interval(secs => :delay_seconds),
+SET state = 'pending',
+    available_at = coalesce(:now, now()) + make_interval(secs => :delay_seconds),
     last_error = :error, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
 WHERE seq = ANY(CAST(:seqs AS bigint[])) AND lease_token = :token AND state = 'in_flight'
 """
 
+# A relay still working on its rows pushes their expiry back; one whose lease was taken over
+# extends nothing (the state and token no longer match).
 EXTEND_LEASES = """
 UPDATE outbox_message
-SET lease_expires_at = now() + make_interval(secs => :lease_seconds)
+SET lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds)
 WHERE lease_token = ANY(CAST(:tokens AS uuid[])) AND state = 'in_flight'
 """
 
 # Failed attempts, settled in one statement: each row goes back to pending (with its next
-# attempt time) or to dead, guarded by the lease token like MARK_PUBLISHED, and an attempt record
-# is written for exactly the rows that changed. `unburn` is 1 for failures that must not count
-# against max_attempts (the claim counted the attempt already).
+# attempt time) or to dead, lease-guarded like MARK_PUBLISHED, and an attempt record is written
+# for exactly the rows that changed. :unburns is 1 for failures that must not count against
+# max_attempts (the claim counted the attempt already). One array per column, unnested together.
 SETTLE_FAILURES = """
 WITH d AS (
     SELECT * FROM unnest(
-        CAST(:seqs AS bigint[]), CAST(:states AS text[]), CAST(:available_at AS timestamptz[]),
-        CAST(:unburn AS int[]), CAST(:classes AS text[]), CAST(:outcomes AS text[]),
+        CAST(:seqs AS bigint[]), CAST(:states AS text[]), CAST(:available_ats AS timestamptz[]),
+        CAST(:unburns AS int[]), CAST(:classes AS text[]), CAST(:outcomes AS text[]),
         CAST(:errors AS text[])
     ) AS d(seq, state, available_at, unburn, failure_class, outcome, error)
 ), settled AS (
@@ -163,7 +164,7 @@ WITH d AS (
         available_at = coalesce(d.available_at, m.available_at),
         attempts = m.attempts - d.unburn,
         last_error = d.error,
-        last_failed_at = now(),
+        last_failed_at = coalesce(:now, now()),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     FROM d
     WHERE m.seq = d.seq AND m.lease_token = :token AND m.state = 'in_flight'
@@ -172,7 +173,8 @@ WITH d AS (
 )
 INSERT INTO outbox_attempt
     (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
-SELECT id, attempt, now(), :relay_id, failure_class, outcome, error, available_at FROM settled
+SELECT id, attempt, coalesce(:now, now()), :relay_id, failure_class, outcome, error, available_at
+FROM settled
 """
 
 # A lease that expired means its relay died or stalled after claiming: the broker may or may not
@@ -180,11 +182,12 @@ SELECT id, attempt, now(), :relay_id, failure_class, outcome, error, available_a
 # ambiguous. available_at is left alone: it is in the past, so the row keeps its place in line.
 # A row that has used up its attempts this way (a message that kills every relay that claims
 # it) goes to dead instead of coming round again. :max_attempts is the relay's default; a
-# per-exchange override is not consulted here.
+# per-exchange override is not consulted here. SKIP LOCKED: two relays reclaiming at once take
+# disjoint rows instead of one waiting for the other.
 RECLAIM_EXPIRED = """
 WITH expired AS (
     SELECT seq, lease_owner FROM outbox_message
-    WHERE state = 'in_flight' AND lease_expires_at < now()
+    WHERE state = 'in_flight' AND lease_expires_at < coalesce(:now, now())
     FOR UPDATE SKIP LOCKED
 ), reclaimed AS (
     UPDATE outbox_message AS m
@@ -192,28 +195,179 @@ WITH expired AS (
                      THEN 'dead' ELSE 'pending' END,
         last_error = 'lease held by ' || coalesce(expired.lease_owner, '?')
                      || ' expired before it settled',
-        last_failed_at = now(),
+        last_failed_at = coalesce(:now, now()),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     FROM expired
     WHERE m.seq = expired.seq
-    RETURNING m.id, m.attempts, m.last_error, m.state
+    RETURNING m.id, m.attempts, m.last_error, m.state, m.last_failed_at
 )
 INSERT INTO outbox_attempt
     (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
-SELECT id, attempts, now(), :relay_id, 'ambiguous',
+SELECT id, attempts, last_failed_at, :relay_id, 'ambiguous',
        CASE WHEN state = 'dead' THEN 'dead' ELSE 'retry' END, last_error,
-       CASE WHEN state = 'dead' THEN NULL ELSE now() END
+       CASE WHEN state = 'dead' THEN NULL ELSE last_failed_at END
 FROM reclaimed
 """
 
-COUNT_BY_STATE = "SELECT state, count(*) FROM outbox_message GROUP BY state"
+# ------------------------------------------------------------------------ resources, relays
 
+# The resource row under a row lock (inside Dialect.transaction), with the time its transition
+# is computed at: the database's, read in the same statement.
+LOCK_RESOURCE = f"""
+SELECT {common.RESOURCE_COLUMNS}, coalesce(:now, now()) AS now
+FROM outbox_resource WHERE resource = :resource FOR UPDATE
+"""  # noqa: S608 - a column list constant; every value is bound
+
+# Relay heartbeats (outbox_relay): each running relay refreshes its row every few seconds.
+HEARTBEAT = """
+INSERT INTO outbox_relay (relay_id, started_at, last_seen)
+VALUES (:relay_id, coalesce(:now, now()), coalesce(:now, now()))
+ON CONFLICT (relay_id) DO UPDATE SET last_seen = excluded.last_seen
+"""
+
+RELAYS = """
+SELECT relay_id, started_at, last_seen FROM outbox_relay
+WHERE last_seen > coalesce(:now, now()) - make_interval(secs => :within) ORDER BY relay_id
+"""
+
+# For status and the gauges: pending rows due now and later, and how long the longest-waiting
+# due one has been due.
 PENDING_SUMMARY = """
-SELECT count(*) FILTER (WHERE available_at <= now()),
-       count(*) FILTER (WHERE available_at > now()),
-       EXTRACT(EPOCH FROM now() - min(available_at) FILTER (WHERE available_at <= now()))
+SELECT count(*) FILTER (WHERE available_at <= coalesce(:now, now())),
+       count(*) FILTER (WHERE available_at > coalesce(:now, now())),
+       EXTRACT(EPOCH FROM coalesce(:now, now())
+                          - min(available_at) FILTER (WHERE available_at <= coalesce(:now, now())))
 FROM outbox_message
 WHERE state = 'pending'
 """
 
-PING = "SELECT 1"
+# ------------------------------------------------------------------------ retention
+
+# See relay/store/retention.py. greatest() ignores NULLs (a message that never failed, or was
+# never replayed).
+_ELIGIBLE = common.ELIGIBLE.format(
+    state_in="state = ANY(CAST(:states AS text[]))",
+    failed_at="greatest(created_at, last_failed_at, replayed_at)",
+)
+
+# One batch, one statement, one short transaction (autocommit). SKIP LOCKED: a row an operator is
+# replaying right now, or that another purge (a CLI run beside the relays' own retention) has
+# taken, is passed over instead of waited for, and concurrent purges take disjoint batches. The
+# lock is taken after the state and time checks, and PostgreSQL re-checks them on a row changed
+# since the snapshot, so a row replayed to pending just before is not deleted. The message's
+# attempt rows go in the same statement. `= ANY(ARRAY(...))` rather than a join: the planner
+# cannot pick a hash join that reads the whole table (or all attempts) for a few hundred rows;
+# these are probes of the primary key and of outbox_attempt_message_idx. Returns how many
+# messages went and the highest id among them (the next batch's :after_id); uuid has no max()
+# aggregate, hence the ORDER BY.
+PURGE_BATCH = f"""
+WITH doomed AS (
+    SELECT seq FROM outbox_message
+    WHERE {_ELIGIBLE}
+    ORDER BY id
+    LIMIT :batch_size
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM outbox_message
+    WHERE seq = ANY(ARRAY(SELECT seq FROM doomed))
+    RETURNING id
+), attempts AS (
+    DELETE FROM outbox_attempt
+    WHERE message_id = ANY(ARRAY(SELECT id FROM gone))
+)
+SELECT (SELECT count(*) FROM gone),
+       (SELECT id FROM gone ORDER BY id DESC LIMIT 1)
+"""  # noqa: S608 - the fragment is a module constant; every value is bound
+
+# For --dry-run and the progress bar: the rows a purge started now would delete (less any that
+# are locked when it runs).
+COUNT_ELIGIBLE = f"SELECT count(*) FROM outbox_message WHERE {_ELIGIBLE}"  # noqa: S608
+
+# ------------------------------------------------------------------------ wake-ups
+
+# Enqueue sends pg_notify on this channel when its transaction commits (outbox/enqueue.py); an
+# idle relay LISTENs and claims at once instead of at its next poll.
+LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
+
+
+class Postgres(Dialect):
+    name = "postgresql"
+    drivers = ("psycopg",)
+    # The row lock comes from FOR UPDATE in LOCK_RESOURCE; BEGIN only keeps it to the COMMIT.
+    begin = "BEGIN"
+    listen = LISTEN
+
+    def _prepare(self, *, blocking: str, resource: str) -> Statements:
+        claim = _CLAIM.format(
+            head=common.is_head("m", blocking=blocking),
+            filter=_RESOURCE_FILTER.format(resource=resource),
+        )
+        self._claim = compile_sql(claim, CLAIMED_COLUMNS)
+        self._mark = compile_sql(MARK_PUBLISHED)
+        self._settle = compile_sql(SETTLE_FAILURES)
+        self._reclaim = compile_sql(RECLAIM_EXPIRED)
+        self._purge = compile_sql(PURGE_BATCH)
+        return Statements(
+            has_ready=compile_sql(_HAS_READY.format(resource=resource)),
+            release=compile_sql(RELEASE),
+            extend_leases=compile_sql(EXTEND_LEASES),
+            unpark_sweep=compile_sql(common.unpark_sweep(blocking=blocking)),
+            resources=compile_sql(common.LIST_RESOURCES, RESOURCE_COLUMNS),
+            ensure_resource=compile_sql(common.ENSURE_RESOURCE),
+            lock_resource=compile_sql(LOCK_RESOURCE, LOCKED_RESOURCE_COLUMNS),
+            update_resource=compile_sql(common.UPDATE_RESOURCE),
+            heartbeat=compile_sql(HEARTBEAT),
+            forget_relay=compile_sql(common.FORGET_RELAY),
+            relays=compile_sql(RELAYS, RELAY_COLUMNS),
+            count_by_state=compile_sql(common.COUNT_BY_STATE),
+            pending_summary=compile_sql(PENDING_SUMMARY),
+            count_eligible=compile_sql(COUNT_ELIGIBLE),
+            ping=compile_sql(common.PING),
+        )
+
+    @classmethod
+    def is_transient(cls, exc: DBAPIError) -> bool:
+        # By SQLSTATE, never by message text (outbox/dberrors.py holds the rule).
+        sqlstate = getattr(exc.orig, "sqlstate", None)
+        return classify_db_error(sqlstate) is DbFailure.TRANSIENT
+
+    @classmethod
+    def engine_options(cls, *, pool_size: int) -> dict[str, Any]:
+        return {
+            "pool_size": pool_size,
+            "max_overflow": 2,
+            "connect_args": {"connect_timeout": 5, "application_name": "outbox-relay"},
+        }
+
+    def bind_list(self, values: Iterable[Any]) -> list[Any]:
+        return [v.hex if isinstance(v, uuid.UUID) else v for v in values]
+
+    def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Row[Any]]:
+        return conn.execute(self._claim, params).all()
+
+    def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
+        return int(conn.execute(self._mark, params).scalar_one())
+
+    def settle_failures(
+        self, conn: Connection, settlements: Sequence[Mapping[str, Any]], params: dict[str, Any]
+    ) -> int:
+        def column(name: str) -> list[Any]:
+            return [s[name] for s in settlements]
+
+        arrays = {
+            "seqs": column("seq"),
+            "states": column("state"),
+            "available_ats": column("available_at"),
+            "unburns": column("unburn"),
+            "classes": column("failure_class"),
+            "outcomes": column("outcome"),
+            "errors": column("error"),
+        }
+        return conn.execute(self._settle, {**params, **arrays}).rowcount
+
+    def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
+        return conn.execute(self._reclaim, params).rowcount
+
+    def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
+        count, last = conn.execute(self._purge, params).one()
+        return int(count), None if last is None else uuid.UUID(str(last))

@@ -1,5 +1,6 @@
-"""Retention: delete terminal messages older than a cutoff, a small batch at a time; and the
-PostgreSQL storage settings that keep the outbox tables from bloating.
+"""Retention: delete terminal messages older than a cutoff, a small batch at a time. The
+statements are each dialect's (PURGE_BATCH, COUNT_ELIGIBLE); the autovacuum settings that keep the
+tables small live with the schema, in outbox.migrate.
 
 How a batch finds its rows: message ids are UUIDv7, time-ordered, so every row created before the
 cutoff lies in one contiguous low range of the unique `id` index. Each batch is bounded by
@@ -29,7 +30,7 @@ only; relays and application inserts never wait for a whole purge.
 from __future__ import annotations
 
 import datetime as dt
-import json
+import logging
 import math
 import time
 import uuid
@@ -38,19 +39,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, DateTime, Engine, Integer, TextClause, Uuid, bindparam, text
+from sqlalchemy import Connection, Engine
 
-# The autovacuum settings that keep this table small live with the schema, in outbox.migrate.
 from outbox.states import State
-from relay.store.sqlite_tx import sqlite_transaction
+from relay.core.retention import FAILED_STATES, RetentionPolicy
+from relay.store.databases import dialect_for
+from relay.store.dialect import Dialect
 
-TERMINAL_STATES: tuple[str, ...] = (
-    State.PUBLISHED.value,
-    State.DEAD.value,
-    State.DISCARDED.value,
-    State.CANCELLED.value,
-)
-FAILED_STATES: tuple[str, ...] = (State.DEAD.value, State.DISCARDED.value, State.CANCELLED.value)
+log = logging.getLogger("relay")
+
+TERMINAL_STATES: tuple[str, ...] = (State.PUBLISHED.value, *FAILED_STATES)
 NEVER_PURGED: tuple[str, ...] = (State.PENDING.value, State.IN_FLIGHT.value)
 
 # Below every message id (new_id never makes the nil UUID): where a purge's id cursor starts.
@@ -108,130 +106,15 @@ def cutoff_id(moment: dt.datetime) -> uuid.UUID:
     return uuid.UUID(int=(ms << 80) | (0x7 << 76) | (0b10 << 62))
 
 
-# --------------------------------------------------------------------------- SQL
-
-# The rows a purge may delete. The id range comes first: it is the index range scanned (see the
-# module docstring); :after_id is the id of the last row the previous batch of the same purge
-# deleted, so a purge never re-walks rows it has already passed (old rows of states it is not
-# purging, which it would otherwise read again in every batch). Each branch names its terminal
-# states, so a `pending` or `in_flight` row can never match, whatever :states holds.
-_ELIGIBLE = """
-id > :after_id AND id < :cutoff_id
-AND {state_in}
-AND (
-    (state = 'published' AND published_at < :cutoff)
-    OR (state IN ('dead', 'discarded', 'cancelled') AND {failed_at} < :cutoff)
-)
-"""
-
-# PostgreSQL: greatest() ignores NULLs (a message that never failed, or was never replayed).
-_PG_ELIGIBLE = _ELIGIBLE.format(
-    state_in="state = ANY(CAST(:states AS text[]))",
-    failed_at="greatest(created_at, last_failed_at, replayed_at)",
-)
-
-# One batch, one statement, one short transaction (autocommit). SKIP LOCKED: a row an operator is
-# replaying right now, or that another purge (a CLI run beside the relays' own retention) has
-# taken, is passed over instead of waited for, and concurrent purges take disjoint batches. The
-# lock is taken after the state and time checks, and PostgreSQL re-checks them on a row changed
-# since the snapshot, so a row replayed to pending just before is not deleted. The message's
-# attempt rows go in the same statement. `= ANY(ARRAY(...))` rather than a join: the planner
-# cannot pick a hash join that reads the whole table (or all attempts) for a few hundred rows;
-# these are probes of the primary key and of outbox_attempt_message_idx. Returns how many
-# messages went and the highest id among them (the next batch's :after_id); uuid has no max()
-# aggregate, hence the ORDER BY.
-PG_PURGE_BATCH = f"""
-WITH doomed AS (
-    SELECT seq FROM outbox_message
-    WHERE {_PG_ELIGIBLE}
-    ORDER BY id
-    LIMIT :batch_size
-    FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM outbox_message
-    WHERE seq = ANY(ARRAY(SELECT seq FROM doomed))
-    RETURNING id
-), attempts AS (
-    DELETE FROM outbox_attempt
-    WHERE message_id = ANY(ARRAY(SELECT id FROM gone))
-)
-SELECT (SELECT count(*) FROM gone),
-       (SELECT id FROM gone ORDER BY id DESC LIMIT 1)
-"""  # noqa: S608 - the fragment is a module constant; every value is bound
-
-# For --dry-run and the progress bar: the rows a purge started now would delete (less any that
-# are locked when it runs).
-PG_COUNT_ELIGIBLE = f"SELECT count(*) FROM outbox_message WHERE {_PG_ELIGIBLE}"  # noqa: S608
-
-# SQLite: the stored times are text in one format, so max() and < compare them as times; a
-# multi-argument max() is NULL if any argument is, hence the coalesce.
-_SQLITE_ELIGIBLE = _ELIGIBLE.format(
-    state_in="state IN (SELECT value FROM json_each(:states))",
-    failed_at="max(created_at, coalesce(last_failed_at, created_at), "
-    "coalesce(replayed_at, created_at))",
-)
-
-# SQLite has no data-modifying CTEs: a batch is this DELETE and SQLITE_PURGE_ATTEMPTS for the ids
-# it returns, in one BEGIN IMMEDIATE transaction (the write lock, held for the batch only, is what
-# keeps anything from changing the rows in between). The ids come back as the stored hex text.
-SQLITE_PURGE_MESSAGES = f"""
-DELETE FROM outbox_message
-WHERE seq IN (
-    SELECT seq FROM outbox_message
-    WHERE {_SQLITE_ELIGIBLE}
-    ORDER BY id
-    LIMIT :batch_size
-)
-RETURNING id
-"""  # noqa: S608
-
-# :ids is a JSON array of message ids as SQLite stores them (32 lowercase hex digits).
-SQLITE_PURGE_ATTEMPTS = """
-DELETE FROM outbox_attempt WHERE message_id IN (SELECT value FROM json_each(:ids))
-"""
-
-SQLITE_COUNT_ELIGIBLE = f"SELECT count(*) FROM outbox_message WHERE {_SQLITE_ELIGIBLE}"  # noqa: S608
-
-
-# --------------------------------------------------------------------------- PostgreSQL storage
-
-
-# --------------------------------------------------------------------------- running it
-
-_Time = DateTime(timezone=True)
-
-
-def _stmt(sql: str) -> TextClause:
-    wanted = [
-        bindparam(name, type_=t)
-        for name, t in (
-            ("after_id", Uuid()),
-            ("cutoff_id", Uuid()),
-            ("cutoff", _Time),
-            ("batch_size", Integer()),
-        )
-        if f":{name}" in sql
-    ]
-    return text(sql).bindparams(*wanted)
-
-
-_PG_BATCH = _stmt(PG_PURGE_BATCH)
-_PG_COUNT = _stmt(PG_COUNT_ELIGIBLE)
-_SQLITE_MESSAGES = _stmt(SQLITE_PURGE_MESSAGES)
-_SQLITE_ATTEMPTS = text(SQLITE_PURGE_ATTEMPTS)
-_SQLITE_COUNT = _stmt(SQLITE_COUNT_ELIGIBLE)
-
-
 @dataclass(frozen=True, slots=True)
 class _Plan:
     states: tuple[str, ...]
     cutoff: dt.datetime
     cutoff_id: uuid.UUID
 
-    def params(self, dialect: str, after_id: uuid.UUID) -> dict[str, Any]:
-        states: Any = list(self.states) if dialect == "postgresql" else json.dumps(self.states)
+    def params(self, dialect: Dialect, after_id: uuid.UUID) -> dict[str, Any]:
         return {
-            "states": states,
+            "states": dialect.bind_list(self.states),
             "cutoff": self.cutoff,
             "cutoff_id": self.cutoff_id,
             "after_id": after_id,
@@ -251,7 +134,7 @@ def _check_batch_size(batch_size: int) -> None:
 @contextmanager
 def _autocommit(engine: Engine) -> Iterator[Connection]:
     # Whatever the engine's own mode (the relay's is autocommit, the CLI's and applications' are
-    # not): PostgreSQL runs each batch as one statement, SQLite in an explicit BEGIN IMMEDIATE.
+    # not): a batch is one statement (PostgreSQL) or the dialect's own short transaction (SQLite).
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT")
         yield conn
@@ -264,17 +147,10 @@ def _delete_batch(
 
     Does not check `plan.states` (the SQL itself never deletes live rows); use purge_batch.
     """
-    dialect = engine.dialect.name
+    dialect = dialect_for(engine.dialect.name)
     params = plan.params(dialect, after_id) | {"batch_size": batch_size}
     with _autocommit(engine) as conn:
-        if dialect == "postgresql":
-            count, last = conn.execute(_PG_BATCH, params).one()
-            return int(count), None if last is None else uuid.UUID(str(last))
-        with sqlite_transaction(conn):
-            ids = [str(i) for i in conn.execute(_SQLITE_MESSAGES, params).scalars()]
-            if ids:
-                conn.execute(_SQLITE_ATTEMPTS, {"ids": json.dumps(ids)})
-    return len(ids), uuid.UUID(max(ids)) if ids else None
+        return dialect.purge_batch(conn, params)
 
 
 def purge_batch(
@@ -340,7 +216,37 @@ def count_eligible(
 ) -> int:
     """How many messages `purge` with these arguments would delete now (changes nothing)."""
     plan = _plan(states, older_than_seconds, now)
-    dialect = engine.dialect.name
-    stmt = _PG_COUNT if dialect == "postgresql" else _SQLITE_COUNT
+    dialect = dialect_for(engine.dialect.name)
     with engine.connect() as conn:
-        return int(conn.execute(stmt, plan.params(dialect, _NIL)).scalar_one())
+        found = conn.execute(dialect.sql.count_eligible, plan.params(dialect, _NIL))
+        return int(found.scalar_one())
+
+
+def run_retention_once(engine: Engine, policy: RetentionPolicy, now: dt.datetime) -> int:
+    """One bounded pass of the relay's retention: delete what the policy says has expired at
+    `now`, at most `policy.max_batches` batches per group; return how many messages went.
+
+    Never sleeps. Driver errors propagate as they are: SqlStore.purge_expired runs this behind
+    the store's error boundary.
+    """
+    deleted: dict[str, int] = {}
+    for states, age in policy.groups():
+        deleted[states[0]] = purge(
+            engine,
+            states=states,
+            older_than_seconds=age,
+            batch_size=policy.batch_size,
+            now=now,
+            max_batches=policy.max_batches,
+            rest_ratio=0.0,
+        )
+    total = sum(deleted.values())
+    if total:
+        log.info(
+            "relay.retention_purged",
+            extra={
+                "published": deleted.get(State.PUBLISHED.value, 0),
+                "failed": deleted.get(FAILED_STATES[0], 0),
+            },
+        )
+    return total

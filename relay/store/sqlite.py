@@ -1,15 +1,57 @@
 """Every statement the relay runs on SQLite, named and commented. Values are always bound.
 
-SQLite has one writer at a time, so a claim is a single UPDATE ... RETURNING: the write lock it
-takes is what keeps two relays from claiming the same row. Times are bound from Python (:now),
-in the same text format SQLAlchemy's DateTime type writes, so comparisons are plain string order.
+SQLite has one writer at a time and no data-modifying CTEs, so what is one statement on PostgreSQL
+(postgres.py, where each statement's reasons are given) is a few here, inside one BEGIN IMMEDIATE
+transaction: the write lock it takes up front is what keeps two relays from claiming the same
+row, and what makes the statements inside see and change the same rows.
+
+SQLite has no time type: times are text in the format SQLAlchemy's DateTime writes
+('YYYY-MM-DD HH:MM:SS.ffffff', UTC), so comparisons are plain string order. NOW is :now when a
+test froze time, else SQLite's clock in that same format (to the millisecond: %f is SS.SSS). A
+transaction of several statements reads it once (Sqlite._now), so they all agree on the time.
 """
 
 from __future__ import annotations
 
-# Claiming is four statements in one BEGIN IMMEDIATE transaction (the write lock is held
-# throughout): the unkeyed and keyed candidates, parking keyed rows that are not the head of their
-# key, and leasing the chosen rows. Per-key order and parking work as in postgres_sql.CLAIM_*.
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Integer, String, Uuid
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from relay.store import common
+from relay.store.dialect import (
+    CLAIMED_COLUMNS,
+    LOCKED_RESOURCE_COLUMNS,
+    RELAY_COLUMNS,
+    RESOURCE_COLUMNS,
+    TIME,
+    Dialect,
+    Statements,
+    compile_sql,
+)
+
+_FORMAT = "'%Y-%m-%d %H:%M:%f000'"
+NOW = f"coalesce(:now, strftime({_FORMAT}, 'now'))"
+
+
+def _now_plus(seconds: str) -> str:
+    """NOW plus a bound number of seconds, in the stored format."""
+    return f"strftime({_FORMAT}, coalesce(:now, 'now'), printf('%+.6f seconds', :{seconds}))"
+
+
+_READ_NOW = f"SELECT {NOW} AS now"
+
+# ------------------------------------------------------------------------ claiming
+
+# Claiming is four statements in one transaction: the unkeyed and the keyed candidates (keyed
+# ones with whether each is its key's head), parking the keyed ones that are not, and leasing
+# the best :limit of the rest. Per-key order, parking and resources as in postgres._CLAIM; there
+# is no SKIP LOCKED to need, the write lock is already held.
 _SELECT_UNKEYED = """
 SELECT seq, priority, available_at FROM outbox_message
 WHERE state = 'pending' AND key IS NULL AND available_at <= :now {filter}
@@ -18,94 +60,47 @@ LIMIT :limit
 """
 
 _SELECT_KEYED = """
-SELECT seq, priority, available_at,
-       NOT EXISTS (
-           SELECT 1 FROM outbox_message AS e
-           WHERE e.key = m.key AND e.seq < m.seq AND e.state IN ({blocking})
-       ) AS head
+SELECT seq, priority, available_at, {head} AS head
 FROM outbox_message AS m
 WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= :now {filter}
 ORDER BY priority DESC, available_at, seq
 LIMIT :scan
 """
 
-# Resources: see postgres_sql._CLAIM. :exclude is a JSON array.
+# :exclude is a JSON array.
 _RESOURCE_FILTER = """
   AND {resource} NOT IN (SELECT value FROM json_each(:exclude))
   AND (:only IS NULL OR {resource} = :only)"""
 
+PARK = "UPDATE outbox_message SET held = true WHERE seq IN (SELECT value FROM json_each(:seqs))"
 
-# See postgres_sql._HAS_READY.
-_HAS_READY = """
-SELECT EXISTS (
-    SELECT 1 FROM outbox_message
-    WHERE state = 'pending' AND available_at <= :now AND NOT held AND {resource} = :only
-)
-"""
-
-
-def has_ready(*, resource: str) -> str:
-    return _HAS_READY.format(resource=resource)
-
-
-def select_unkeyed(*, resource: str) -> str:
-    return _SELECT_UNKEYED.format(filter=_RESOURCE_FILTER.format(resource=resource))
-
-
-def select_keyed(*, hold: bool, resource: str) -> str:
-    blocking = "'pending', 'in_flight', 'dead'" if hold else "'pending', 'in_flight'"
-    return _SELECT_KEYED.format(
-        blocking=blocking, filter=_RESOURCE_FILTER.format(resource=resource)
-    )
-
-
-PARK = """
-UPDATE outbox_message SET held = 1 WHERE seq IN (SELECT value FROM json_each(:seqs))
-"""
-
-CLAIM = """
+# `state = 'pending'` again: the candidates were chosen under the same write lock, so this only
+# restates what must hold.
+CLAIM = f"""
 UPDATE outbox_message
 SET state = 'in_flight',
     attempts = attempts + 1,
     lease_owner = :owner,
     lease_token = :token,
-    lease_expires_at = :expires
+    lease_expires_at = {_now_plus("lease_seconds")}
 WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'pending'
 RETURNING seq, id, exchange, routing_key, payload, content_type, headers, key,
           priority, attempts, max_attempts, available_at, created_at, traceparent,
           tracestate
-"""
+"""  # noqa: S608 - a time expression constant; every value is bound
 
-# The next parked message of each key in :keys (a JSON array); see postgres_sql._UNPARK_NEXT.
-UNPARK_NEXT = """
-UPDATE outbox_message SET held = 0
-WHERE seq IN (
-    SELECT (SELECT min(h.seq) FROM outbox_message AS h
-            WHERE h.key = k.value AND h.state = 'pending' AND h.held)
-    FROM json_each(:keys) AS k
+# See postgres.py.
+_HAS_READY = f"""
+SELECT EXISTS (
+    SELECT 1 FROM outbox_message
+    WHERE state = 'pending' AND available_at <= {NOW} AND NOT held AND {{resource}} = :only
 )
-"""
+"""  # noqa: S608
 
-# See postgres_sql._UNPARK_SWEEP.
-_UNPARK_SWEEP = """
-UPDATE outbox_message SET held = 0
-WHERE seq IN (
-    SELECT f.seq FROM (
-        SELECT key, min(seq) AS seq FROM outbox_message
-        WHERE state = 'pending' AND held AND key IS NOT NULL
-        GROUP BY key
-    ) AS f
-    WHERE NOT EXISTS (
-        SELECT 1 FROM outbox_message AS e
-        WHERE e.key = f.key AND e.seq < f.seq AND e.state IN ({blocking})
-    )
-)
-"""
-UNPARK_SWEEP_HOLD = _UNPARK_SWEEP.format(blocking="'pending', 'in_flight', 'dead'")
-UNPARK_SWEEP_SKIP = _UNPARK_SWEEP.format(blocking="'pending', 'in_flight'")
+# ------------------------------------------------------------------------ settling
 
-# Guarded by the lease token: see postgres_sql.MARK_PUBLISHED. :seqs is a JSON array. Followed,
-# in the same transaction, by UNPARK_NEXT for the keys it returns.
+# Lease-guarded: see postgres.MARK_PUBLISHED. Followed, in the same transaction, by UNPARK_NEXT
+# for the keys it returns (one row per row marked).
 MARK_PUBLISHED = """
 UPDATE outbox_message
 SET state = 'published', published_at = :now, last_error = NULL,
@@ -115,23 +110,34 @@ WHERE seq IN (SELECT value FROM json_each(:seqs)) AND lease_token = :token
 RETURNING key
 """
 
-RELEASE = """
+# The next parked message of each key in :keys (a JSON array): its lowest seq.
+UNPARK_NEXT = """
+UPDATE outbox_message SET held = false
+WHERE seq IN (
+    SELECT (SELECT min(h.seq) FROM outbox_message AS h
+            WHERE h.key = k.value AND h.state = 'pending' AND h.held)
+    FROM json_each(:keys) AS k
+)
+"""
+
+# See postgres.RELEASE.
+RELEASE = f"""
 UPDATE outbox_message
-SET state = 'pending', available_at = :available_at,
+SET state = 'pending', available_at = {_now_plus("delay_seconds")},
     last_error = :error, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
 WHERE seq IN (SELECT value FROM json_each(:seqs)) AND lease_token = :token
   AND state = 'in_flight'
-"""
+"""  # noqa: S608
 
-# :tokens is a JSON array of UUIDs in the 32-hex-digit form SQLAlchemy's Uuid type stores.
-EXTEND_LEASES = """
+# See postgres.EXTEND_LEASES. :tokens is a JSON array of UUIDs as SQLite stores them (hex).
+EXTEND_LEASES = f"""
 UPDATE outbox_message
-SET lease_expires_at = :expires
+SET lease_expires_at = {_now_plus("lease_seconds")}
 WHERE lease_token IN (SELECT value FROM json_each(:tokens)) AND state = 'in_flight'
-"""
+"""  # noqa: S608
 
-# Failed attempts: see postgres_sql.SETTLE_FAILURES. SQLite runs these per row inside one
-# BEGIN IMMEDIATE transaction (the write lock is held throughout, so the pair is atomic).
+# Failed attempts (see postgres.SETTLE_FAILURES), one row at a time: SETTLE_ONE, then
+# RECORD_ATTEMPT for the row if it changed (the lease guard let it through).
 SETTLE_ONE = """
 UPDATE outbox_message
 SET state = :state,
@@ -141,16 +147,17 @@ SET state = :state,
     last_failed_at = :now,
     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
 WHERE seq = :seq AND lease_token = :token AND state = 'in_flight'
-RETURNING id, attempts + :unburn
+RETURNING id, attempts + :unburn AS attempt
 """
 
-INSERT_ATTEMPT = """
+RECORD_ATTEMPT = """
 INSERT INTO outbox_attempt
     (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
 VALUES (:message_id, :attempt, :now, :relay_id, :failure_class, :outcome, :error, :next_at)
 """
 
-# Expired leases: see postgres_sql.RECLAIM_EXPIRED.
+# Expired leases: see postgres.RECLAIM_EXPIRED. Returns the rows, whose attempts RECORD_ATTEMPT
+# then writes.
 RECLAIM_EXPIRED = """
 UPDATE outbox_message
 SET state = CASE WHEN attempts >= coalesce(max_attempts, :max_attempts)
@@ -162,14 +169,207 @@ WHERE state = 'in_flight' AND lease_expires_at < :now
 RETURNING id, attempts, last_error, state
 """
 
-COUNT_BY_STATE = "SELECT state, count(*) FROM outbox_message GROUP BY state"
+# ------------------------------------------------------------------------ resources, relays
 
-PENDING_SUMMARY = """
-SELECT coalesce(sum(available_at <= :now), 0),
-       coalesce(sum(available_at > :now), 0),
-       min(CASE WHEN available_at <= :now THEN available_at END)
+# No FOR UPDATE in SQLite: the write lock BEGIN IMMEDIATE took (Dialect.transaction) covers it.
+LOCK_RESOURCE = f"""
+SELECT {common.RESOURCE_COLUMNS}, {NOW} AS now
+FROM outbox_resource WHERE resource = :resource
+"""  # noqa: S608
+
+HEARTBEAT = f"""
+INSERT INTO outbox_relay (relay_id, started_at, last_seen) VALUES (:relay_id, {NOW}, {NOW})
+ON CONFLICT (relay_id) DO UPDATE SET last_seen = excluded.last_seen
+"""  # noqa: S608
+
+RELAYS = f"""
+SELECT relay_id, started_at, last_seen FROM outbox_relay
+WHERE last_seen > strftime({_FORMAT}, coalesce(:now, 'now'), printf('-%.6f seconds', :within))
+ORDER BY relay_id
+"""  # noqa: S608
+
+# See postgres.PENDING_SUMMARY. julianday() reads the stored text; its difference is in days.
+PENDING_SUMMARY = f"""
+SELECT coalesce(sum(available_at <= {NOW}), 0),
+       coalesce(sum(available_at > {NOW}), 0),
+       (julianday({NOW}) - julianday(min(CASE WHEN available_at <= {NOW} THEN available_at END)))
+       * 86400.0
 FROM outbox_message
 WHERE state = 'pending'
+"""  # noqa: S608
+
+# ------------------------------------------------------------------------ retention
+
+# The stored times are text in one format, so max() and < compare them as times; a
+# multi-argument max() is NULL if any argument is, hence the coalesce.
+_ELIGIBLE = common.ELIGIBLE.format(
+    state_in="state IN (SELECT value FROM json_each(:states))",
+    failed_at="max(created_at, coalesce(last_failed_at, created_at), "
+    "coalesce(replayed_at, created_at))",
+)
+
+# A batch is this DELETE and PURGE_ATTEMPTS for the ids it returns, in one transaction (the write
+# lock, held for the batch only, is what keeps anything from changing the rows in between). The
+# ids come back as the stored hex text.
+PURGE_MESSAGES = f"""
+DELETE FROM outbox_message
+WHERE seq IN (
+    SELECT seq FROM outbox_message
+    WHERE {_ELIGIBLE}
+    ORDER BY id
+    LIMIT :batch_size
+)
+RETURNING id
+"""  # noqa: S608
+
+# :ids is a JSON array of message ids as SQLite stores them (32 lowercase hex digits).
+PURGE_ATTEMPTS = """
+DELETE FROM outbox_attempt WHERE message_id IN (SELECT value FROM json_each(:ids))
 """
 
-PING = "SELECT 1"
+COUNT_ELIGIBLE = f"SELECT count(*) FROM outbox_message WHERE {_ELIGIBLE}"  # noqa: S608
+
+
+class Sqlite(Dialect):
+    name = "sqlite"
+    drivers = ("pysqlite",)
+    # IMMEDIATE takes the write lock up front, so the statements inside see and change the same
+    # rows, and a writer never fails upgrading a read lock against a busy relay.
+    begin = "BEGIN IMMEDIATE"
+    # WAL lets the application write while the relay reads; busy_timeout makes writers queue for
+    # the single write lock instead of failing at once.
+    on_connect = ("PRAGMA journal_mode=WAL", "PRAGMA busy_timeout=30000")
+
+    def _prepare(self, *, blocking: str, resource: str) -> Statements:
+        where = _RESOURCE_FILTER.format(resource=resource)
+        head = common.is_head("m", blocking=blocking)
+        self._read_now = compile_sql(_READ_NOW, {"now": TIME})
+        self._select_unkeyed = compile_sql(_SELECT_UNKEYED.format(filter=where))
+        self._select_keyed = compile_sql(_SELECT_KEYED.format(head=head, filter=where))
+        self._park = compile_sql(PARK)
+        self._claim = compile_sql(CLAIM, CLAIMED_COLUMNS)
+        self._mark = compile_sql(MARK_PUBLISHED)
+        self._unpark_next = compile_sql(UNPARK_NEXT)
+        self._settle_one = compile_sql(SETTLE_ONE, {"id": Uuid(), "attempt": Integer()})
+        self._record_attempt = compile_sql(RECORD_ATTEMPT)
+        self._reclaim = compile_sql(
+            RECLAIM_EXPIRED,
+            {"id": Uuid(), "attempts": Integer(), "last_error": String(), "state": String()},
+        )
+        self._purge_messages = compile_sql(PURGE_MESSAGES)
+        self._purge_attempts = compile_sql(PURGE_ATTEMPTS)
+        return Statements(
+            has_ready=compile_sql(_HAS_READY.format(resource=resource)),
+            release=compile_sql(RELEASE),
+            extend_leases=compile_sql(EXTEND_LEASES),
+            unpark_sweep=compile_sql(common.unpark_sweep(blocking=blocking)),
+            resources=compile_sql(common.LIST_RESOURCES, RESOURCE_COLUMNS),
+            ensure_resource=compile_sql(common.ENSURE_RESOURCE),
+            lock_resource=compile_sql(LOCK_RESOURCE, LOCKED_RESOURCE_COLUMNS),
+            update_resource=compile_sql(common.UPDATE_RESOURCE),
+            heartbeat=compile_sql(HEARTBEAT),
+            forget_relay=compile_sql(common.FORGET_RELAY),
+            relays=compile_sql(RELAYS, RELAY_COLUMNS),
+            count_by_state=compile_sql(common.COUNT_BY_STATE),
+            pending_summary=compile_sql(PENDING_SUMMARY),
+            count_eligible=compile_sql(COUNT_ELIGIBLE),
+            ping=compile_sql(common.PING),
+        )
+
+    @classmethod
+    def is_transient(cls, exc: DBAPIError) -> bool:
+        # No SQLSTATE here: every OperationalError ("database is locked", a disk error) is one
+        # the next attempt may not meet.
+        return isinstance(exc, OperationalError)
+
+    @classmethod
+    def engine_options(cls, *, pool_size: int) -> dict[str, Any]:
+        return {"connect_args": {"timeout": 30}}
+
+    def bind_list(self, values: Iterable[Any]) -> str:
+        return json.dumps([v.hex if isinstance(v, uuid.UUID) else v for v in values])
+
+    def _now(self, conn: Connection, params: Mapping[str, Any]) -> dt.datetime:
+        """The transaction's time: the frozen one if any, else SQLite's clock, read once."""
+        now: dt.datetime = conn.execute(self._read_now, {"now": params["now"]}).scalar_one()
+        return now
+
+    def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Row[Any]]:
+        with self.transaction(conn):
+            p = {**params, "now": self._now(conn, params)}
+            candidates = [tuple(r) for r in conn.execute(self._select_unkeyed, p)]
+            parked: list[int] = []
+            for seq, priority, available_at, head in conn.execute(self._select_keyed, p):
+                if head:
+                    candidates.append((seq, priority, available_at))
+                else:
+                    parked.append(seq)
+            if parked:
+                conn.execute(self._park, {"seqs": self.bind_list(parked)})
+            # available_at is the stored text here, which sorts as time does.
+            candidates.sort(key=lambda c: (-c[1], str(c[2]), c[0]))
+            chosen = self.bind_list(c[0] for c in candidates[: params["limit"]])
+            return conn.execute(self._claim, {**p, "seqs": chosen}).all()
+
+    def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
+        with self.transaction(conn):
+            p = {**params, "now": self._now(conn, params)}
+            keys = [k for (k,) in conn.execute(self._mark, p)]
+            keyed = sorted({k for k in keys if k is not None})
+            if keyed:
+                conn.execute(self._unpark_next, {"keys": self.bind_list(keyed)})
+        return len(keys)
+
+    def settle_failures(
+        self, conn: Connection, settlements: Sequence[Mapping[str, Any]], params: dict[str, Any]
+    ) -> int:
+        changed = 0
+        with self.transaction(conn):
+            p = {**params, "now": self._now(conn, params)}
+            for s in settlements:
+                hit = conn.execute(self._settle_one, {**s, **p}).first()
+                if hit is None:
+                    continue  # the lease was lost: another relay owns the row now
+                changed += 1
+                conn.execute(
+                    self._record_attempt,
+                    {
+                        **p,
+                        "message_id": hit.id,
+                        "attempt": hit.attempt,
+                        "failure_class": s["failure_class"],
+                        "outcome": s["outcome"],
+                        "error": s["error"],
+                        "next_at": s["available_at"],
+                    },
+                )
+        return changed
+
+    def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
+        with self.transaction(conn):
+            p = {**params, "now": self._now(conn, params)}
+            expired = conn.execute(self._reclaim, p).all()
+            if expired:
+                conn.execute(
+                    self._record_attempt,
+                    [
+                        {
+                            **p,
+                            "message_id": r.id,
+                            "attempt": r.attempts,
+                            "failure_class": "ambiguous",
+                            "outcome": "dead" if r.state == "dead" else "retry",
+                            "error": r.last_error,
+                            "next_at": None if r.state == "dead" else p["now"],
+                        }
+                        for r in expired
+                    ],
+                )
+        return len(expired)
+
+    def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
+        with self.transaction(conn):
+            ids = [str(i) for i in conn.execute(self._purge_messages, params).scalars()]
+            if ids:
+                conn.execute(self._purge_attempts, {"ids": self.bind_list(ids)})
+        return len(ids), uuid.UUID(max(ids)) if ids else None

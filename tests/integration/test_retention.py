@@ -31,16 +31,19 @@ from outbox.ids import new_id
 from outbox.schema import attempt, message
 from relay.cli import main as cli
 from relay.cli import retention as retention_cli
-from relay.loop.maintenance import DAY, RetentionPolicy, run_retention_once
+from relay.core.retention import DAY, FAILED_STATES, RetentionPolicy
 from relay.runtime.config import RelayConfig
-from relay.store import retention
+from relay.store import postgres, retention
+from relay.store.databases import dialect_for
+from relay.store.dialect import compile_sql
+from relay.store.retention import run_retention_once
 from relay.store.sql_store import make_engine, open_store
 from tests.conftest import make_app_engine, pg_schema, states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-FAILED = retention.FAILED_STATES
+FAILED = FAILED_STATES
 
 
 def ago(days: float, now: dt.datetime | None = None) -> dt.datetime:
@@ -230,7 +233,7 @@ def test_batches_are_bounded_and_take_the_oldest_ids_first(app_engine: Engine) -
 
 
 def test_a_retention_pass_does_bounded_work_and_asks_for_more_when_behind(
-    app_engine: Engine,
+    db_url: str, app_engine: Engine
 ) -> None:
     e = app_engine
     add_published(e, 12, created=10, published=9)
@@ -249,7 +252,12 @@ def test_a_retention_pass_does_bounded_work_and_asks_for_more_when_behind(
     assert run_retention_once(e, policy, now()) == 0
     assert ids_left(e) == young | dead
 
-    assert run_retention_once(e, policy, now() + dt.timedelta(days=25)) == 4
+    # The relay runs the same pass through its store.
+    store = open_store(db_url)
+    try:
+        assert store.purge_expired(policy, now() + dt.timedelta(days=25)) == 4
+    finally:
+        store.close()
     assert ids_left(e) == set()
 
 
@@ -421,12 +429,13 @@ def test_an_open_purge_batch_blocks_no_insert_claim_or_other_purge(
     pending = add(pg_engine, "pending", created=10)
     at = now()
     plan = retention._plan(["published"], DAY, at)
-    params = plan.params("postgresql", uuid.UUID(int=0)) | {"batch_size": 5}
+    params = plan.params(dialect_for("postgresql"), uuid.UUID(int=0)) | {"batch_size": 5}
     store = open_store(pg_url)
     try:
         with pg_engine.connect() as purger, purger.begin() as tx:
             # A batch deleted and not yet committed: its rows (the five oldest) stay locked.
-            assert purger.execute(retention._PG_BATCH, params).one()[0] == 5
+            batch = compile_sql(postgres.PURGE_BATCH)
+            assert purger.execute(batch, params).one()[0] == 5
 
             with impatient.begin() as conn:  # an application transaction
                 outbox.enqueue(conn, exchange="orders", routing_key="x", payload={})

@@ -14,11 +14,10 @@ from outbox import migrate
 from outbox.ids import new_id
 from relay.cli import retention as retention_cli
 from relay.cli.main import _Parser
+from relay.core.retention import DAY, FAILED_STATES, RetentionPolicy
 from relay.errors import ConfigError
-from relay.loop import maintenance as retention_loop
-from relay.loop.maintenance import DAY, RetentionPolicy
 from relay.runtime.config import RelayConfig
-from relay.store import retention
+from relay.store import admin, postgres, retention, sqlite
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 MAX_MS = (1 << 48) - 1
@@ -149,10 +148,10 @@ def test_batch_functions_check_their_arguments_before_touching_the_database() ->
 @pytest.mark.parametrize(
     "sql",
     [
-        retention.PG_PURGE_BATCH,
-        retention.PG_COUNT_ELIGIBLE,
-        retention.SQLITE_PURGE_MESSAGES,
-        retention.SQLITE_COUNT_ELIGIBLE,
+        postgres.PURGE_BATCH,
+        postgres.COUNT_ELIGIBLE,
+        sqlite.PURGE_MESSAGES,
+        sqlite.COUNT_ELIGIBLE,
     ],
 )
 def test_statements_bound_by_id_and_never_name_a_live_state(sql: str) -> None:
@@ -164,9 +163,9 @@ def test_statements_bound_by_id_and_never_name_a_live_state(sql: str) -> None:
 
 
 def test_batches_are_ordered_by_id_and_limited() -> None:
-    for sql in (retention.PG_PURGE_BATCH, retention.SQLITE_PURGE_MESSAGES):
+    for sql in (postgres.PURGE_BATCH, sqlite.PURGE_MESSAGES):
         assert "ORDER BY id\n    LIMIT :batch_size" in sql
-    assert "FOR UPDATE SKIP LOCKED" in retention.PG_PURGE_BATCH
+    assert "FOR UPDATE SKIP LOCKED" in postgres.PURGE_BATCH
 
 
 def test_storage_settings_render_the_documented_statements() -> None:
@@ -256,8 +255,11 @@ def test_cmd_purge_checks_a_namespace_it_did_not_parse(
 # --------------------------------------------------------------------------- policy
 
 
-def test_the_loop_and_the_store_agree_on_the_failed_states() -> None:
-    assert retention_loop.FAILED_STATES == retention.FAILED_STATES
+def test_the_policy_the_purge_and_the_operator_share_one_definition_of_failed() -> None:
+    assert FAILED_STATES == ("dead", "discarded", "cancelled")
+    assert (FAILED_STATES, 30 * DAY) in RetentionPolicy().groups()
+    assert ("published", *FAILED_STATES) == retention.TERMINAL_STATES
+    assert admin.REPLAYABLE is FAILED_STATES
 
 
 def test_policy_defaults_and_groups() -> None:

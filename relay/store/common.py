@@ -1,0 +1,112 @@
+"""Statements and fragments that are the same text on PostgreSQL and on SQLite, written once.
+
+A dialect takes what it can use from here and writes the rest itself (postgres.py, sqlite.py); a
+database whose SQL differs (MySQL cannot UPDATE a table it selects from in a subquery) writes its
+own. Nothing here is a value: every value is bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# ------------------------------------------------------------------------ per-key order
+
+# The states of an earlier message of the same key that keep a keyed message waiting: unfinished
+# ones always; dead ones too with dead_key="hold" (a dead head holds its key until an operator
+# replays or discards it), not with "skip". A literal list, never a bound array: it must match the
+# partial index outbox_message_key_idx (outbox/schema.py) for the planner to probe it.
+BLOCKING_HOLD = "'pending', 'in_flight', 'dead'"
+BLOCKING_SKIP = "'pending', 'in_flight'"
+
+
+def blocking_states(*, hold: bool) -> str:
+    return BLOCKING_HOLD if hold else BLOCKING_SKIP
+
+
+def is_head(row: str, *, blocking: str) -> str:
+    """True when no earlier message of `row`'s key is in a blocking state: one probe of
+    outbox_message_key_idx. `row` is the alias of the message looked at."""
+    return f"""NOT EXISTS (
+        SELECT 1 FROM outbox_message AS e
+        WHERE e.key = {row}.key AND e.seq < {row}.seq AND e.state IN ({blocking})
+    )"""  # noqa: S608 - an alias and a literal list of this module's
+
+
+# The first parked message of every key is unparked when nothing earlier blocks it any more:
+# heads that were dead-lettered (with dead_key="skip"), cancelled or discarded. Settling a message
+# unparks the next of its key at once (each dialect's mark statement); this sweep catches every
+# other way a key comes free. One probe per key with parked messages: the relay runs it every few
+# seconds as a safety net, an operator command after cancelling or discarding.
+_UNPARK_SWEEP = """
+UPDATE outbox_message SET held = false
+WHERE seq IN (
+    SELECT f.seq FROM (
+        SELECT key, min(seq) AS seq FROM outbox_message
+        WHERE state = 'pending' AND held AND key IS NOT NULL
+        GROUP BY key
+    ) AS f
+    WHERE {head}
+)
+"""
+
+
+def unpark_sweep(*, blocking: str) -> str:
+    return _UNPARK_SWEEP.format(head=is_head("f", blocking=blocking))
+
+
+# ------------------------------------------------------------------------ resources
+
+# How a message row names its part of a resource, per scope (the relay's --circuit-scope; the
+# scopes and the full names are relay/core/resources.py's). Computed in the claim's WHERE clause,
+# so an excluded resource's rows are passed by inside the index scan.
+RESOURCE_PARTS: Mapping[str, str] = {
+    "broker": "''",  # one resource per broker endpoint and vhost: coarsest
+    "exchange": "exchange",  # the default
+    "routing_key": "exchange || '/' || routing_key",  # finest: each exchange + routing key
+}
+
+# The shared rows of circuits and rate-limit buckets (outbox_resource). A relay changes one in a
+# short transaction: ENSURE_RESOURCE, then the dialect's lock_resource (which reads it under a
+# lock, with the database's time), a pure transition (relay/core/circuit.py, bucket.py), then
+# UPDATE_RESOURCE with every column.
+ENSURE_RESOURCE = "INSERT INTO outbox_resource (resource) VALUES (:resource) ON CONFLICT DO NOTHING"
+
+RESOURCE_COLUMNS = """resource, state, failures, opens, open_until, probe_owner, probe_until,
+       last_error, changed_at, tokens, tokens_at"""
+
+LIST_RESOURCES = f"SELECT {RESOURCE_COLUMNS} FROM outbox_resource ORDER BY resource"  # noqa: S608
+
+UPDATE_RESOURCE = """
+UPDATE outbox_resource
+SET state = :state, failures = :failures, opens = :opens, open_until = :open_until,
+    probe_owner = :probe_owner, probe_until = :probe_until, last_error = :last_error,
+    changed_at = :changed_at, tokens = :tokens, tokens_at = :tokens_at
+WHERE resource = :resource
+"""
+
+# ------------------------------------------------------------------------ relays, status
+
+# A relay's heartbeat row goes when it stops cleanly (a crashed one ages out of `relays`).
+FORGET_RELAY = "DELETE FROM outbox_relay WHERE relay_id = :relay_id"
+
+# A parallel sequential scan on a large table (status and the state gauges only, never per claim).
+COUNT_BY_STATE = "SELECT state, count(*) FROM outbox_message GROUP BY state"
+
+PING = "SELECT 1"
+
+# ------------------------------------------------------------------------ retention
+
+# The rows a purge may delete. The id range comes first: it is the index range scanned (see
+# relay/store/retention.py); :after_id is the id of the last row the previous batch of the same
+# purge deleted, so a purge never re-walks rows it has already passed. Each branch names its
+# terminal states, so a `pending` or `in_flight` row can never match, whatever :states holds.
+# {state_in} tests :states (bound as the dialect binds a list); {failed_at} is the latest time
+# anything happened to a failed row.
+ELIGIBLE = """
+id > :after_id AND id < :cutoff_id
+AND {state_in}
+AND (
+    (state = 'published' AND published_at < :cutoff)
+    OR (state IN ('dead', 'discarded', 'cancelled') AND {failed_at} < :cutoff)
+)
+"""

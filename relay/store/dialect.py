@@ -1,0 +1,229 @@
+"""What SqlStore needs from a database: its statements, by name, and the few behaviours where
+databases truly differ.
+
+postgres.py and sqlite.py each define a Dialect; databases.py maps a URL to one. Another database
+(MySQL) is a module beside them and a line in databases.py: SqlStore does not change.
+
+Every dialect's statements keep these conventions, so SqlStore binds the same values everywhere:
+
+- `:now` is the time to use, or NULL for the database's own clock. Production binds NULL; tests
+  bind a frozen time. Every statement that reads or stamps a time goes through it.
+- Durations are bound in seconds (`:lease_seconds`, `:delay_seconds`, `:within`) and added to
+  the time in SQL.
+- Lists (`:seqs`, `:tokens`, `:exclude`, `:states`) are bound as `bind_list` makes them; a UUID
+  in a list is its 32 hex digits.
+- A statement that changes a leased row names `lease_token = :token AND state = 'in_flight'` in
+  its WHERE clause: a relay whose lease expired (and was taken over) changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Connection,
+    DateTime,
+    Float,
+    Integer,
+    LargeBinary,
+    String,
+    TextClause,
+    Uuid,
+    bindparam,
+    text,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.types import TypeEngine
+
+from relay.store import common
+
+TIME = DateTime(timezone=True)
+
+# The type of every bind that needs one, by name: the same name means the same thing in every
+# statement of every dialect. Others (numbers, text, lists) go to the driver as they are.
+_BIND_TYPES: Mapping[str, TypeEngine[Any]] = {
+    "now": TIME,
+    "token": Uuid(),
+    "message_id": Uuid(),
+    "after_id": Uuid(),
+    "cutoff_id": Uuid(),
+    "cutoff": TIME,
+    "open_until": TIME,
+    "probe_until": TIME,
+    "changed_at": TIME,
+    "tokens_at": TIME,
+    "available_at": TIME,
+    "next_at": TIME,
+    "batch_size": Integer(),
+}
+_BIND = re.compile(r"(?<![:\w]):(\w+)")
+
+# Result columns whose driver value needs converting (SQLite returns times as text, UUIDs as hex).
+CLAIMED_COLUMNS: Mapping[str, TypeEngine[Any]] = {
+    "seq": BigInteger(),
+    "id": Uuid(),
+    "exchange": String(),
+    "routing_key": String(),
+    "payload": LargeBinary(),
+    "content_type": String(),
+    "headers": JSON().with_variant(postgresql.JSON(), "postgresql"),
+    "key": String(),
+    "priority": Integer(),
+    "attempts": Integer(),
+    "max_attempts": Integer(),
+    "available_at": TIME,
+    "created_at": TIME,
+    "traceparent": String(),
+    "tracestate": String(),
+}
+RESOURCE_COLUMNS: Mapping[str, TypeEngine[Any]] = {
+    "resource": String(),
+    "state": String(),
+    "failures": Integer(),
+    "opens": Integer(),
+    "open_until": TIME,
+    "probe_owner": String(),
+    "probe_until": TIME,
+    "last_error": String(),
+    "changed_at": TIME,
+    "tokens": Float(),
+    "tokens_at": TIME,
+}
+LOCKED_RESOURCE_COLUMNS: Mapping[str, TypeEngine[Any]] = {**RESOURCE_COLUMNS, "now": TIME}
+RELAY_COLUMNS: Mapping[str, TypeEngine[Any]] = {
+    "relay_id": String(),
+    "started_at": TIME,
+    "last_seen": TIME,
+}
+
+
+def compile_sql(sql: str, columns: Mapping[str, TypeEngine[Any]] | None = None) -> TextClause:
+    """A statement ready to run many times: its binds typed by name, its result columns typed.
+
+    Built once per store, never per call: the claim and mark statements run thousands of times a
+    second and SQLAlchemy caches their compiled form on these objects."""
+    names = set(_BIND.findall(sql))
+    clause = text(sql)
+    typed = [bindparam(n, type_=t) for n, t in _BIND_TYPES.items() if n in names]
+    if typed:
+        clause = clause.bindparams(*typed)
+    return clause.columns(**columns) if columns else clause  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    """The statements SqlStore runs as they are: the same names, binds and result columns in every
+    dialect. The multi-statement operations are the Dialect's methods instead."""
+
+    has_ready: TextClause  # (only, now) -> one boolean
+    release: TextClause  # (token, seqs, delay_seconds, error, now); rowcount
+    extend_leases: TextClause  # (tokens, lease_seconds, now); rowcount
+    unpark_sweep: TextClause  # rowcount
+    resources: TextClause  # -> RESOURCE_COLUMNS, every row
+    ensure_resource: TextClause  # (resource)
+    lock_resource: TextClause  # (resource, now) -> LOCKED_RESOURCE_COLUMNS, under a lock
+    update_resource: TextClause  # (resource and every column)
+    heartbeat: TextClause  # (relay_id, now)
+    forget_relay: TextClause  # (relay_id)
+    relays: TextClause  # (within, now) -> RELAY_COLUMNS
+    count_by_state: TextClause  # -> (state, count)
+    pending_summary: TextClause  # (now) -> (ready, delayed, oldest ready age in seconds)
+    count_eligible: TextClause  # (states, cutoff, cutoff_id, after_id) -> count
+    ping: TextClause
+
+
+class Dialect(ABC):
+    """One database's SQL for the relay's store.
+
+    Made per store configuration: the claim statements depend on the dead-key mode (`hold`) and
+    on the resource scope, which are written into them (see common.blocking_states and
+    common.RESOURCE_PARTS) so that the planner can use the partial indexes.
+    """
+
+    name: ClassVar[str]  # SQLAlchemy's backend name: a URL's backend picks its dialect
+    drivers: ClassVar[tuple[str, ...]]  # DBAPI drivers it runs on; the first is a bare URL's
+    # How a write transaction begins (the engine runs in autocommit; see transaction()).
+    begin: ClassVar[str]
+    # The statement that subscribes to enqueue notifications, where the database has them.
+    listen: ClassVar[str | None] = None
+    # Statements run on every new connection (session settings).
+    on_connect: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, hold: bool = True, scope: str = "exchange") -> None:
+        if scope not in common.RESOURCE_PARTS:
+            raise ValueError(f"scope must be one of {sorted(common.RESOURCE_PARTS)}, not {scope!r}")
+        blocking = common.blocking_states(hold=hold)
+        self.sql = self._prepare(blocking=blocking, resource=common.RESOURCE_PARTS[scope])
+
+    @abstractmethod
+    def _prepare(self, *, blocking: str, resource: str) -> Statements:
+        """Compile this database's statements, once: those SqlStore runs (returned) and those
+        this dialect's own methods run (kept on self). `blocking` is the literal list of states
+        that hold a key back, `resource` the SQL expression of a row's resource part."""
+
+    @classmethod
+    @abstractmethod
+    def is_transient(cls, exc: DBAPIError) -> bool:
+        """Whether the error means the database is unavailable for now (retry later), as opposed
+        to a statement that will fail the same way every time."""
+
+    @classmethod
+    def engine_options(cls, *, pool_size: int) -> dict[str, Any]:
+        """create_engine's arguments for a relay engine of this database."""
+        return {}
+
+    @abstractmethod
+    def bind_list(self, values: Iterable[Any]) -> Any:
+        """A list as this database binds it."""
+
+    @abstractmethod
+    def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Row[Any]]:
+        """Lease up to :limit ready rows; return them with CLAIMED_COLUMNS (in no set order).
+
+        params: owner, token, limit, scan (keyed candidates looked at), lease_seconds,
+        exclude (resource parts passed by), only (the one part wanted, or None), now."""
+
+    @abstractmethod
+    def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
+        """Mark :seqs published where :token holds them and unpark the next message of each of
+        their keys; return how many were marked. params: token, seqs, now."""
+
+    @abstractmethod
+    def settle_failures(
+        self, conn: Connection, settlements: Sequence[Mapping[str, Any]], params: dict[str, Any]
+    ) -> int:
+        """Apply each settlement (seq, state, available_at, unburn, failure_class, outcome,
+        error) where :token holds the row, and write one outbox_attempt row per row changed;
+        return how many changed. params: token, relay_id, now."""
+
+    @abstractmethod
+    def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
+        """Return rows whose lease expired to pending (dead past their attempts), recording an
+        ambiguous attempt for each; return how many. params: relay_id, max_attempts, now."""
+
+    @abstractmethod
+    def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
+        """Delete one retention batch and its attempt rows; return how many messages went and
+        the highest id among them. params: states, cutoff, cutoff_id, after_id, batch_size."""
+
+    @contextmanager
+    def transaction(self, conn: Connection) -> Iterator[None]:
+        """One write transaction on an autocommit connection: what is read inside is locked
+        until it commits (FOR UPDATE on PostgreSQL; SQLite's write lock, taken by BEGIN)."""
+        conn.exec_driver_sql(self.begin)
+        try:
+            yield
+        except BaseException:
+            conn.exec_driver_sql("ROLLBACK")
+            raise
+        conn.exec_driver_sql("COMMIT")
