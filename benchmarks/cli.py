@@ -49,7 +49,7 @@ from benchmarks.fixtures import (
     message_properties,
     names,
 )
-from relay.amqp.publisher import Outgoing
+from relay.ports import Outgoing
 
 PHASES = ("ceiling", "in-process", "subprocess", "one-at-a-time", "store", "publisher")
 ONE_AT_A_TIME = 20_000  # messages the slow comparison drains (its rate is what counts)

@@ -24,9 +24,11 @@ from typing import Any
 
 from benchmarks.fixtures import BenchDatabase
 from benchmarks.machine import CpuMeter, CpuSplit
-from relay.amqp.publisher import Outgoing, Publisher
+from relay.amqp.publisher import Publisher
 from relay.core.outcome import Fate, Outcome
-from relay.loop.relay import Relay, RunSummary
+from relay.loop.counts import Counts
+from relay.loop.wiring import wire_relay
+from relay.ports import Outgoing
 from relay.runtime.config import RelayConfig
 from relay.store.sql_store import open_store
 
@@ -109,8 +111,8 @@ def drain_in_process(
         return n
 
     setattr(store, "mark_published", counting_mark)  # noqa: B010 - instance-level wrap
-    relay = Relay(store, publisher, config)
-    summary: list[RunSummary] = []
+    relay = wire_relay(store, publisher, config)
+    summary: list[Counts] = []
     failure: list[BaseException] = []
     relay_profile = cProfile.Profile() if profile_dir is not None else None
 

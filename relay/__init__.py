@@ -1,6 +1,8 @@
 """The outbox relay: claims outbox rows and publishes them to RabbitMQ with publisher confirms."""
 
-from relay.loop.relay import Relay, RunSummary
+from relay.loop.counts import Counts
+from relay.loop.relay import Relay
+from relay.loop.wiring import wire_relay
 from relay.runtime.config import RelayConfig
 
-__all__ = ["Relay", "RelayConfig", "RunSummary"]
+__all__ = ["Counts", "Relay", "RelayConfig", "wire_relay"]

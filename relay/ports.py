@@ -1,4 +1,6 @@
-"""The port between the relay loop and its database: plain values in, plain values out."""
+"""The ports between the relay loop and its adapters (the database, the broker): plain values in,
+plain values out. The loop sees its adapters only through these; they see only these and the core.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from typing import Any, Protocol, TypeVar
 
 from relay.core.bucket import Bucket
 from relay.core.circuit import Circuit
+from relay.core.outcome import Outcome
 from relay.core.policy import Dead, Retry
-from relay.loop.maintenance import RetentionPolicy
+from relay.core.retention import RetentionPolicy
 
 T = TypeVar("T")
 
@@ -119,3 +122,46 @@ class ResourceRow:
 
     circuit: Circuit
     bucket: Bucket
+
+
+# ----------------------------------------------------------------------- the broker
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """A message ready for the wire (relay/amqp/wire.py makes one from a Claimed row)."""
+
+    ref: int  # the row's seq: the outcome names it
+    message_id: str
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: Any  # the broker client's message properties (pika.BasicProperties)
+
+
+class MalformedRow(ValueError):
+    """A stored row cannot be turned into a message: it would fail the same way forever."""
+
+
+# Called once per batch, with one outcome per message, when the broker has settled them all.
+Done = Callable[[list[Outcome]], None]
+
+
+class Publisher(Protocol):
+    ready: bool  # connected, with somewhere to publish
+    blocked: bool  # the broker pushes back (a resource alarm): publish nothing new
+
+    def encode(
+        self, row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None
+    ) -> Outgoing:
+        """The message for `row` (`traceparent`/`tracestate` replace the stored ones: the
+        relay's send span); raise MalformedRow when there can be none."""
+
+    def start(self, timeout: float = ...) -> None:
+        """Connect; raise BrokerUnavailable if that fails."""
+
+    def publish(self, items: Sequence[Outgoing], done: Done) -> None:
+        """Hand over a batch; `done(outcomes)` is called (from any thread) once all are settled."""
+
+    def stop(self, timeout: float = ...) -> None:
+        """Close; unsettled messages are reported as not confirmed."""

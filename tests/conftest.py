@@ -42,7 +42,9 @@ from sqlalchemy.engine import make_url
 import outbox
 from outbox.schema import message
 from relay.amqp.publisher import Publisher
-from relay.loop.relay import PassResult, Relay, RunSummary
+from relay.loop.counts import Counts
+from relay.loop.relay import Relay
+from relay.loop.wiring import wire_relay
 from relay.runtime.config import RelayConfig
 from relay.runtime.telemetry import Telemetry
 from relay.store.sql_store import SqlStore, open_store
@@ -436,7 +438,7 @@ class RelayFactory(Protocol):
 class _Running:
     relay: Relay
     thread: threading.Thread | None
-    summary: RunSummary | None = None
+    summary: Counts | None = None
     error: BaseException | None = None
 
 
@@ -478,7 +480,7 @@ def relay_factory(amqp_url: str) -> Iterator[RelayFactory]:
         except BaseException:
             store.close()
             raise
-        relay = Relay(store, publisher, cfg, telemetry=telemetry)
+        relay = wire_relay(store, publisher, cfg, telemetry=telemetry)
         entry = _Running(relay, None)
         if run:
 
@@ -514,15 +516,15 @@ def relay_factory(amqp_url: str) -> Iterator[RelayFactory]:
 
 
 def drive(
-    relay: Relay, until: Callable[[PassResult], bool], *, timeout: float = 10.0, what: str = ""
-) -> list[PassResult]:
+    relay: Relay, until: Callable[[Counts], bool], *, timeout: float = 10.0, what: str = ""
+) -> list[Counts]:
     """Call `relay.run_once()` until `until(pass_result)` holds; return every pass's result.
 
     Publishing is asynchronous (the broker's confirms come back on the publisher's thread), so a
     claim is settled by a later pass: this polls, with a short pause between idle passes.
     """
     deadline = time.monotonic() + timeout
-    results: list[PassResult] = []
+    results: list[Counts] = []
     while True:
         result = relay.run_once()
         results.append(result)
@@ -534,11 +536,11 @@ def drive(
             time.sleep(0.005)
 
 
-def drive_until_settled(relay: Relay, total: int, *, timeout: float = 10.0) -> list[PassResult]:
+def drive_until_settled(relay: Relay, total: int, *, timeout: float = 10.0) -> list[Counts]:
     """Drive until `total` messages have been settled (published, retried or dead)."""
     settled = 0
 
-    def done(result: PassResult) -> bool:
+    def done(result: Counts) -> bool:
         nonlocal settled
         settled += result.published + result.retried + result.dead
         return settled >= total

@@ -20,7 +20,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +29,10 @@ from pika import spec
 from pika.adapters.select_connection import IOLoop, SelectConnection
 from pika.exceptions import ChannelClosedByBroker, UnsupportedAMQPFieldException
 
+from relay.amqp.wire import to_outgoing
 from relay.core.outcome import Fate, Outcome
 from relay.errors import BrokerUnavailable
+from relay.ports import Done, Outgoing
 from relay.runtime.config import redact
 
 log = logging.getLogger("relay.publisher")
@@ -39,20 +41,8 @@ log = logging.getLogger("relay.publisher")
 # that is closing): such a message would fail the same way forever.
 _ENCODING_ERRORS = (TypeError, ValueError, struct.error, UnsupportedAMQPFieldException)
 
-Done = Callable[[list[Outcome]], None]
-
 # AMQP allows 2047 channels per connection by default; idle ones beyond this are closed.
 MAX_CHANNELS = 256
-
-
-@dataclass(slots=True)
-class Outgoing:
-    ref: int
-    message_id: str
-    exchange: str
-    routing_key: str
-    body: bytes
-    properties: Any  # pika.BasicProperties
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +70,9 @@ class _Chan:
 
 class Publisher:
     """A confirmed-publish pipeline over one AMQP connection, reconnecting on its own."""
+
+    # A claimed row as a message on this wire (called by the relay loop, on its own thread).
+    encode = staticmethod(to_outgoing)
 
     def __init__(
         self,

@@ -5,15 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from outbox.amqp_codec import Properties
-from relay.amqp.publisher import Outgoing
-from relay.ports import Claimed
+from relay.ports import Claimed, MalformedRow, Outgoing
 
 PERSISTENT = 2
 KEY_HEADER = "x-outbox-key"
-
-
-class MalformedRow(ValueError):
-    """A stored row cannot be turned into an AMQP message."""
 
 
 def to_outgoing(

@@ -1,7 +1,7 @@
 """The retry policy and the decision it makes for each settled message.
 
-Decisions are values (`Publish`, `Retry`, `Dead`) that the store applies in one batched UPDATE
-guarded by the lease token.
+A failed attempt's decision is a value (`Retry` or `Dead`) that the store applies in one batched
+UPDATE guarded by the lease token; confirmed messages need no decision (relay/core/settlement.py).
 """
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class Publish:
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
 class Retry:
     seq: int
     at: dt.datetime
     burn: bool  # does this failure count against max_attempts?
     failure: Classified
+
+    @property
+    def kind(self) -> str:
+        """How the attempt ended, as metrics, spans and the attempt log name it."""
+        return "retry" if self.burn else "deferred"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +58,12 @@ class Dead:
     failure: Classified
     reason: str
 
+    @property
+    def kind(self) -> str:
+        return "dead"
 
-Decision = Publish | Retry | Dead
+
+Decision = Retry | Dead
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,21 +79,19 @@ class Attempted:
 
 def decide(
     msg: Attempted,
-    failure: Classified | None,
+    failure: Classified,
     *,
     policy: RetryPolicy,
     now: dt.datetime,
     rng: random.Random,
     blameless: bool = False,
 ) -> Decision:
-    """What to do with a message after an attempt.
+    """What to do with a message after a failed attempt.
 
     `blameless`: the failure is not the message's (its resource's circuit was open or probing,
     or the whole connection was lost): no attempt is burned and it is retried within
     `requeue_delay` (max age still applies).
     """
-    if failure is None:
-        return Publish(msg.seq)
     cls = failure.cls
     if cls is FailureClass.MALFORMED or cls in policy.permanent:
         return Dead(msg.seq, failure, f"{cls.value} (permanent): {failure.detail}")

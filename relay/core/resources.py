@@ -15,13 +15,15 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
-from relay.runtime.config import parse_amqp_url
-from relay.store.resource_sql import SCOPES
+# The scopes, coarsest first. The store turns each into the SQL expression of a row's part.
+SCOPES: tuple[str, ...] = ("broker", "exchange", "routing_key")
 
 
 def broker_id(amqp_url: str) -> str:
-    """host:port/vhost of an AMQP URL, without credentials (the vhost percent-encoded)."""
-    parts = parse_amqp_url(amqp_url)
+    """host:port/vhost of an AMQP URL, without credentials (the vhost percent-encoded).
+
+    The URL was validated with the configuration; this only takes it apart."""
+    parts = urllib.parse.urlsplit(amqp_url)
     host = (parts.hostname or "").lower()
     port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
     path = parts.path[1:] if parts.path.startswith("/") else parts.path

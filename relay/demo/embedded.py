@@ -24,7 +24,7 @@ from pika.exceptions import AMQPError
 import outbox
 from relay.amqp.publisher import Publisher
 from relay.demo.services import declare, order_table, tracer_provider, write_order
-from relay.loop.relay import Relay
+from relay.loop.wiring import wire_relay
 from relay.runtime.config import RelayConfig, redact
 from relay.runtime.telemetry import Telemetry, setup
 from relay.store.sql_store import make_engine, open_store
@@ -91,7 +91,7 @@ def run_demo(
     publisher = Publisher(amqp_url, confirm_timeout=config.confirm_timeout, name="outbox-demo")
     publisher.start()
     relay_telemetry = Telemetry(tracer=provider.get_tracer("outbox-relay"))
-    relay = Relay(open_store(db_url), publisher, config, telemetry=relay_telemetry)
+    relay = wire_relay(open_store(db_url), publisher, config, telemetry=relay_telemetry)
     relay_thread = threading.Thread(target=relay.run, name="demo-relay", daemon=True)
     relay_thread.start()
 

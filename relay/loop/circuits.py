@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from relay.core import bucket, circuit
 from relay.core.circuit import Circuit, CircuitState, Transition
 from relay.core.resources import Naming, broker_id
+from relay.loop.settings import LoopSettings
 from relay.ports import ResourceRow, Store
-from relay.runtime.config import RelayConfig
 
 log = logging.getLogger("relay")
 
@@ -46,11 +46,12 @@ class ResourceGuard:
     def __init__(
         self,
         store: Store,
-        config: RelayConfig,
+        config: LoopSettings,
         *,
         clock: Callable[[], float],
         wall: Callable[[], dt.datetime],
         rng: random.Random,
+        on_transition: Callable[[Transition], None] = lambda _t: None,  # e.g. a metric
     ) -> None:
         self._store = store
         self._settings = config.circuit
@@ -64,8 +65,7 @@ class ResourceGuard:
         self._view: dict[str, Circuit] = {}  # part -> circuit, this broker and scope only
         self._next_refresh = 0.0
         self._tokens_due: dict[str, float] = dict.fromkeys(self._rates, 0.0)
-        self.transitions = 0  # state changes this relay made (each logged once)
-        self.on_transition: Callable[[Transition], None] = lambda _t: None  # e.g. a metric
+        self._on_transition = on_transition
 
     # ----------------------------------------------------------------- view
 
@@ -117,8 +117,7 @@ class ResourceGuard:
         self._view[part] = written[0]  # act on it now, before the next refresh
         for t in changes:
             log_transition(t)
-            self.on_transition(t)
-        self.transitions += len(changes)
+            self._on_transition(t)
         return changes
 
     def try_probe(self, part: str) -> bool:

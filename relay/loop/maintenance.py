@@ -1,110 +1,78 @@
-"""Retention inside the relay: a policy, and one bounded pass for the relay loop to run between
-claims.
+"""Upkeep between claims: the leases (this relay's heartbeat, other relays' expired leases, keys
+freed by a dead or cancelled head, this relay's slow batches) and retention.
 
-Each pass deletes at most `max_batches` batches per group of states (published; dead, discarded
-and cancelled), so it holds the loop up for a few short statements at most. A pass that used its
-whole budget leaves a backlog behind: `RetentionPolicy.next_run_in` then asks for the next pass
-soon rather than after the full interval, so retention keeps up with any publish rate without ever
-taking long turns.
+Each runs when due, as one bounded step: retention deletes at most the policy's budget per pass
+(relay/core/retention.py) and comes back soon only when it left a backlog, so neither ever holds
+the loop up for long.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
-
-from outbox.states import State
-from relay.errors import ConfigError, DatabaseUnavailable
-
-# Nothing from relay.store at import time: the config holds a RetentionPolicy, and the store
-# imports the config.
-FAILED_STATES: tuple[str, ...] = (State.DEAD.value, State.DISCARDED.value, State.CANCELLED.value)
+from relay.core.retention import RetentionPolicy
+from relay.loop.counts import Counts
+from relay.loop.leases import Leases
+from relay.loop.settings import LoopSettings
+from relay.ports import Store
 
 log = logging.getLogger("relay")
 
-DAY = 86400.0
 
+class Maintenance:
+    def __init__(
+        self,
+        store: Store,
+        config: LoopSettings,
+        *,
+        leases: Leases,
+        wall: Callable[[], dt.datetime],
+    ) -> None:
+        self._store = store
+        self._config = config
+        self._leases = leases
+        self._wall = wall
+        self.next_upkeep = 0.0  # clock time the leases are next looked after
+        self._next_sweep = 0.0
+        self._next_retention = 0.0
 
-@dataclass(frozen=True, slots=True)
-class RetentionPolicy:
-    """How long terminal messages are kept, and how much a pass may delete.
-
-    An age of None keeps that group for ever.
-    """
-
-    published_after: float | None = 3 * DAY  # seconds after published_at
-    failed_after: float | None = 30 * DAY  # dead, discarded, cancelled; see relay.store.retention
-    batch_size: int = 500  # messages per delete (one short transaction each)
-    interval: float = 60.0  # seconds between passes when there is no backlog
-    max_batches: int = 4  # batches per group of states in one pass
-    backlog_interval: float = 1.0  # seconds to the next pass when the last one used its budget
-
-    def __post_init__(self) -> None:
-        for name in ("published_after", "failed_after"):
-            age = getattr(self, name)
-            if age is not None and not (math.isfinite(age) and age > 0):
-                raise ConfigError(f"retention {name} must be a positive number of seconds or None")
-        for name in ("batch_size", "max_batches"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"retention {name} must be at least 1")
-        for name in ("interval", "backlog_interval"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"retention {name} must be positive")
-
-    @property
-    def budget(self) -> int:
-        """The most messages one group of states loses in one pass."""
-        return self.batch_size * self.max_batches
-
-    def groups(self) -> list[tuple[tuple[str, ...], float]]:
-        """(states, age in seconds) for each group this policy purges."""
-        chosen: list[tuple[tuple[str, ...], float]] = []
-        if self.published_after is not None:
-            chosen.append(((State.PUBLISHED.value,), self.published_after))
-        if self.failed_after is not None:
-            chosen.append((FAILED_STATES, self.failed_after))
-        return chosen
-
-    def next_run_in(self, deleted: int) -> float:
-        """Seconds until the next pass, after one that deleted `deleted` messages."""
-        return self.backlog_interval if deleted >= self.budget else self.interval
-
-
-def run_retention_once(engine: Engine, policy: RetentionPolicy, now: dt.datetime) -> int:
-    """One bounded pass: delete what the policy says has expired at `now`, at most
-    `policy.max_batches` batches per group; return how many messages went.
-
-    Never sleeps. A database that cannot be reached raises DatabaseUnavailable, like the store.
-    """
-    from relay.store.retention import purge
-
-    deleted: dict[str, int] = {}
-    try:
-        for states, age in policy.groups():
-            deleted[states[0]] = purge(
-                engine,
-                states=states,
-                older_than_seconds=age,
-                batch_size=policy.batch_size,
-                now=now,
-                max_batches=policy.max_batches,
-                rest_ratio=0.0,
-            )
-    except OperationalError as exc:
-        first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise DatabaseUnavailable(f"retention: {first}") from exc
-    total = sum(deleted.values())
-    if total:
-        log.info(
-            "relay.retention_purged",
-            extra={
-                "published": deleted.get(State.PUBLISHED.value, 0),
-                "failed": deleted.get(FAILED_STATES[0], 0),
-            },
+    def upkeep(self, counts: Counts, now: float) -> None:
+        """Look after the leases. May raise DatabaseUnavailable (then again at the next turn
+        it is due)."""
+        config, store = self._config, self._store
+        self.next_upkeep = now + config.reclaim_interval
+        store.heartbeat(config.relay_id)
+        reclaimed = store.reclaim_expired(
+            relay_id=config.relay_id, max_attempts=config.policy.max_attempts
         )
-    return total
+        if reclaimed:
+            counts.reclaimed += reclaimed
+            log.warning("relay.leases_reclaimed", extra={"count": reclaimed})
+        if now >= self._next_sweep:
+            self._next_sweep = now + config.sweep_interval
+            store.unpark_sweep()
+        # Batches normally settle in milliseconds; one still open after a third of its lease (a
+        # slow broker) gets more time before another relay could take it over.
+        stale = [
+            lease
+            for lease in self._leases.values()
+            if now - lease.extended_at > config.lease_seconds / 3
+        ]
+        if stale:
+            store.extend_leases([lease.token for lease in stale], config.lease_seconds)
+            for lease in stale:
+                lease.extended_at = now
+
+    def retention_due(self, now: float) -> RetentionPolicy | None:
+        """The retention policy when a pass is due, else None (or when retention is off)."""
+        policy = self._config.retention
+        return policy if policy is not None and now >= self._next_retention else None
+
+    def purge(self, policy: RetentionPolicy, now: float) -> None:
+        """One bounded retention pass. May raise DatabaseUnavailable (then again after the
+        policy's interval)."""
+        self._next_retention = now + policy.interval
+        deleted = self._store.purge_expired(policy, self._wall())
+        self._next_retention = now + policy.next_run_in(deleted)

@@ -17,18 +17,18 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from outbox.states import ALL_STATES
 from relay.core.circuit import CircuitState, Transition
 from relay.core.policy import Dead, Retry
 from relay.ports import Claimed, StateCounts, Store
-from relay.runtime.telemetry import Telemetry, gauge
 
 LOOP_SPAN_EVERY = 1.0  # seconds between two sampled loop spans of one kind
 COUNTS_FRESH = 0.5  # seconds one reading of the state counts serves the gauges of a collection
@@ -37,19 +37,39 @@ _W3C = TraceContextTextMapPropagator()
 _CIRCUIT_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
 
 
+class Instruments(Protocol):
+    """What the relay records with (relay.runtime.telemetry.Telemetry has it)."""
+
+    @property
+    def tracer(self) -> Tracer | None: ...  # None: tracing is off, no span is made
+
+    @property
+    def meter(self) -> Meter: ...
+
+    @property
+    def meter_provider(self) -> object | None: ...  # None: nothing reads the metrics
+
+
+Observe = Callable[[], Iterable[tuple[float, dict[str, str]]]]
+
+
+def _gauge(meter: Meter, name: str, unit: str, description: str, observe: Observe) -> None:
+    """An observable gauge whose callback yields (value, attributes) pairs."""
+
+    def callback(_options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value, attributes) for value, attributes in observe()]
+
+    meter.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)
+
+
 class Observer:
     def __init__(
-        self,
-        telemetry: Telemetry,
-        *,
-        store: Store,
-        circuits: Callable[[], dict[str, CircuitState]],
-        clock: Callable[[], float] = time.monotonic,
+        self, tracer: Tracer | None, meter: Meter, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.tracer = telemetry.tracer
+        self.tracer = tracer
+        self._meter = meter
         self._clock = clock
         self._next_loop_span: dict[str, float] = {}
-        meter = telemetry.meter
         self._published = meter.create_counter(
             "outbox.messages.published", unit="{message}", description="confirmed by the broker"
         )
@@ -72,10 +92,12 @@ class Observer:
             unit="{transition}",
             description="circuit state changes this relay made, by resource and new state",
         )
-        if telemetry.meter_provider is None:
-            return  # nothing reads gauges: do not query the database for them
 
-        # Both gauges below read one StateCounts: one collection, one pair of queries.
+    def watch(self, store: Store, circuits: Callable[[], dict[str, CircuitState]]) -> None:
+        """Gauges of the outbox's state, read from `store` at each collection: only worth it
+        when something reads the metrics (each collection costs queries)."""
+        meter = self._meter
+        # Both message gauges read one StateCounts: one collection, one pair of queries.
         cached: list[tuple[float, StateCounts]] = []
 
         def counts() -> StateCounts:
@@ -94,15 +116,15 @@ class Observer:
             age = counts().oldest_ready_age_s
             return [(age or 0.0, {})]
 
-        gauge(meter, "outbox.messages", "{message}", "messages by state", states)
-        gauge(
+        _gauge(meter, "outbox.messages", "{message}", "messages by state", states)
+        _gauge(
             meter,
             "outbox.oldest_ready.age",
             "s",
             "how long the longest-waiting due message has waited: the lag of a stuck outbox",
             oldest,
         )
-        gauge(
+        _gauge(
             meter,
             "outbox.circuit.state",
             "1",
@@ -112,7 +134,7 @@ class Observer:
                 for name, state in circuits().items()
             ],
         )
-        gauge(
+        _gauge(
             meter,
             "outbox.relays.alive",
             "{relay}",
@@ -162,8 +184,7 @@ class Observer:
             span.add_event("dead-lettered", {"reason": decision.reason[:1000]})
             span.set_status(Status(StatusCode.ERROR, decision.reason[:200]))
         else:
-            kind = "retry" if decision.burn else "deferred"
-            span.set_attribute("outbox.outcome", kind)
+            span.set_attribute("outbox.outcome", decision.kind)
             span.add_event(
                 "retry scheduled" if decision.burn else "deferred",
                 {"next_attempt_at": decision.at.isoformat(), "error": failure.detail[:1000]},
@@ -188,18 +209,46 @@ class Observer:
         with self.tracer.start_as_current_span(f"outbox.relay {name}", attributes=attributes) as s:
             yield s
 
+    def settled(
+        self,
+        rows: Mapping[int, Claimed],
+        spans: dict[int, Span],
+        published: Sequence[int],
+        failures: Sequence[Retry | Dead],
+        now: dt.datetime,
+    ) -> None:
+        """Metrics and span ends for a settled batch (cheap no-ops with telemetry off); `spans`
+        is emptied: a span left in it belongs to a row whose lease was lost meanwhile."""
+        by_exchange: dict[str, int] = {}
+        record_latency = self._latency.record
+        for seq in published:
+            row = rows[seq]
+            by_exchange[row.exchange] = by_exchange.get(row.exchange, 0) + 1
+            record_latency(max(0.0, (now - row.available_at).total_seconds()))
+        for exchange, n in by_exchange.items():
+            self._published.add(n, {"exchange": exchange})
+        for decision in failures:
+            attributes = {
+                "exchange": rows[decision.seq].exchange,
+                "outcome": decision.kind,
+                "failure_class": decision.failure.cls.value,
+            }
+            self._failed.add(1, attributes)
+        if not spans:
+            return
+        for seq in published:
+            span = spans.pop(seq, None)
+            if span is not None:
+                self.end_published(span)
+        for decision in failures:
+            span = spans.pop(decision.seq, None)
+            if span is not None:
+                self.end_failed(span, decision)
+        for span in spans.values():
+            self.end_released(span, "the lease was lost before the outcome was written")
+        spans.clear()
+
     # ----------------------------------------------------------------- metrics
-
-    def published(self, exchange: str, n: int) -> None:
-        self._published.add(n, {"exchange": exchange})
-
-    def failed(self, exchange: str, outcome: str, failure_class: str, n: int) -> None:
-        self._failed.add(
-            n, {"exchange": exchange, "outcome": outcome, "failure_class": failure_class}
-        )
-
-    def latency(self, row: Claimed, now: dt.datetime) -> None:
-        self._latency.record(max(0.0, (now - row.available_at).total_seconds()))
 
     def circuit_changed(self, t: Transition) -> None:
         self._transitions.add(1, {"resource": t.resource, "state": t.after.value})

@@ -12,6 +12,7 @@ from outbox.schema import SCHEMA_VERSION
 from relay.amqp.publisher import Publisher
 from relay.errors import ConfigError, SchemaNotFound
 from relay.loop.relay import Relay
+from relay.loop.wiring import wire_relay
 from relay.runtime.config import RelayConfig
 from relay.runtime.health import HealthServer
 from relay.runtime.telemetry import Telemetry, setup
@@ -47,7 +48,7 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         name=f"outbox-relay {config.relay_id}",
     )
     publisher.start()
-    return Relay(store, publisher, config, telemetry=telemetry)
+    return wire_relay(store, publisher, config, telemetry=telemetry)
 
 
 def bind_http(config: RelayConfig, relay: list[Relay], telemetry: Telemetry) -> HealthServer | None:

@@ -14,12 +14,11 @@ same process cannot replace the `traceparent` the relay puts on each message.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
@@ -116,15 +115,3 @@ def setup(*, prometheus: bool, env: dict[str, str] | None = None) -> Telemetry:
     if readers:
         telemetry.meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     return telemetry
-
-
-Observe = Callable[[], Iterable[tuple[float, dict[str, str]]]]
-
-
-def gauge(meter: Meter, name: str, unit: str, description: str, observe: Observe) -> None:
-    """An observable gauge whose callback yields (value, attributes) pairs."""
-
-    def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(value, attributes) for value, attributes in observe()]
-
-    meter.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence
 
 from relay.amqp.publisher import Publisher
-from relay.loop.relay import Relay
+from relay.loop.wiring import wire_relay
 from relay.runtime.config import RelayConfig
 from relay.store.sql_store import SqlStore, make_engine
 
@@ -37,7 +37,7 @@ def main() -> None:
     )
     publisher = Publisher(amqp_url, confirm_timeout=config.confirm_timeout)
     publisher.start()
-    Relay(CrashingStore(make_engine(db_url)), publisher, config).run()
+    wire_relay(CrashingStore(make_engine(db_url)), publisher, config).run()
 
 
 if __name__ == "__main__":

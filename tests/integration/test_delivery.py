@@ -18,7 +18,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import outbox
 from outbox.amqp_codec import install_float_decoding
-from relay.loop.relay import PassResult
+from relay.loop.counts import Counts
 from tests.conftest import (
     Broker,
     Delivery,
@@ -385,7 +385,7 @@ def test_run_once_reports_what_it_did(
         for n in range(5):
             outbox.enqueue(conn, exchange=broker.exchange, routing_key="r", payload=[n])
     relay = relay_factory(db_url, run=False, batch_size=2)
-    results: list[PassResult] = drive_until_settled(relay, 5)
+    results: list[Counts] = drive_until_settled(relay, 5)
     assert sum(r.claimed for r in results) == 5
     assert sum(r.published for r in results) == 5
     assert sum(r.retried + r.dead for r in results) == 0

@@ -7,14 +7,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from relay.amqp.publisher import Done, Outgoing
+from relay.amqp.wire import to_outgoing
 from relay.core.bucket import Bucket
 from relay.core.circuit import Circuit
 from relay.core.outcome import Fate, Outcome
 from relay.core.policy import Dead, Retry
+from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable
-from relay.loop.maintenance import RetentionPolicy
-from relay.ports import Claimed, ResourceRow, StateCounts, T
+from relay.ports import Claimed, Done, Outgoing, ResourceRow, StateCounts, T
 
 EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -203,6 +203,7 @@ class FakePublisher:
     held: list[tuple[Sequence[Outgoing], Done]] = field(default_factory=list)
     published: list[Outgoing] = field(default_factory=list)
     stopped: bool = False
+    encode = staticmethod(to_outgoing)  # the real wire format: malformed rows fail as they would
 
     def start(self, timeout: float = 10.0) -> None:
         self.ready = True

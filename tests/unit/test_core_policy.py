@@ -22,7 +22,7 @@ from relay.core.failures import (
     classify_db_error,
 )
 from relay.core.outcome import Fate, Outcome
-from relay.core.policy import Attempted, Dead, Publish, Retry, RetryPolicy, decide
+from relay.core.policy import Attempted, Dead, Retry, RetryPolicy, decide
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 FC = FailureClass
@@ -123,7 +123,6 @@ POLICY = RetryPolicy(max_attempts=3, max_attempts_by_exchange={"audit": 5}, max_
 @pytest.mark.parametrize(
     ("msg", "failure", "kind", "burn"),
     [
-        (_msg(), None, Publish, None),
         (_msg(), _f(FC.UNROUTABLE), Dead, None),
         (_msg(), _f(FC.DESTINATION_MISSING), Retry, True),  # a circuit matter, not permanent
         (_msg(), _f(FC.MALFORMED), Dead, None),
@@ -137,9 +136,7 @@ POLICY = RetryPolicy(max_attempts=3, max_attempts_by_exchange={"audit": 5}, max_
         (_msg(created_at=NOW - dt.timedelta(hours=2)), _f(FC.REJECTED), Dead, None),  # max age
     ],
 )
-def test_decisions(
-    msg: Attempted, failure: Classified | None, kind: type, burn: bool | None
-) -> None:
+def test_decisions(msg: Attempted, failure: Classified, kind: type, burn: bool | None) -> None:
     decision = decide(msg, failure, policy=POLICY, now=NOW, rng=random.Random(1))
     assert isinstance(decision, kind)
     if isinstance(decision, Retry):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import random
 
-from relay.amqp.publisher import Outgoing
 from relay.core.circuit import CircuitSettings, CircuitState
 from relay.core.outcome import Fate, Outcome
 from relay.loop.relay import Relay
+from relay.loop.wiring import wire_relay
+from relay.ports import Outgoing
 from relay.runtime.config import RelayConfig
 from tests.unit.fakes import FakePublisher, FakeStore, make_claimed
 
@@ -35,7 +36,12 @@ class Clock:
 
 
 def make(
-    store: FakeStore, publisher: FakePublisher, relay_id: str = "r1", **config: object
+    store: FakeStore,
+    publisher: FakePublisher,
+    relay_id: str = "r1",
+    *,
+    clock: Clock | None = None,
+    **config: object,
 ) -> Relay:
     cfg = RelayConfig(
         db_url="sqlite://",
@@ -44,7 +50,9 @@ def make(
         circuit_refresh=0.001,
         **config,  # type: ignore[arg-type]
     )
-    return Relay(store, publisher, cfg, clock=Clock(), wall=Wall(store), rng=random.Random(3))
+    return wire_relay(
+        store, publisher, cfg, clock=clock or Clock(), wall=Wall(store), rng=random.Random(3)
+    )
 
 
 def add(store: FakeStore, exchange: str, seqs: range) -> None:
@@ -67,7 +75,7 @@ class Broken:
 def drive(relay: Relay, passes: int = 6) -> None:
     for _ in range(passes):
         relay.run_once()
-        relay._next_claim = 0.0
+        relay.claimer.claim_soon()
 
 
 def circuit_state(store: FakeStore, exchange: str) -> CircuitState:
@@ -171,13 +179,14 @@ def test_a_rate_limited_resource_gets_its_tokens_and_the_rest_flows_freely() -> 
     add(store, "slow", range(1, 101))
     add(store, "fast", range(1000, 1100))
     publisher = FakePublisher()
-    relay = make(store, publisher, rate_limits={"slow": 10.0}, batch_size=500)
+    clock = Clock()
+    relay = make(store, publisher, clock=clock, rate_limits={"slow": 10.0}, batch_size=500)
     drive(relay, passes=3)
     slow_sent = sum(1 for s in range(1, 101) if store.rows[s].state == "published")
     assert slow_sent == 10  # a full bucket: one second's worth
     assert all(store.rows[s].state == "published" for s in range(1000, 1100))
     Wall(store).advance(2.0)
-    relay._clock.now += 2.0  # type: ignore[attr-defined]
+    clock.now += 2.0
     drive(relay, passes=3)
     slow_sent = sum(1 for s in range(1, 101) if store.rows[s].state == "published")
     assert slow_sent == 20  # refilled at 10 per second, capped at the burst
@@ -195,7 +204,7 @@ def test_circuit_changes_and_failures_are_counted_in_metrics() -> None:
     add(store, "bad", range(1, 6))
     add(store, "good", range(10, 13))
     cfg = RelayConfig(db_url="sqlite://", relay_id="r1", circuit=SETTINGS)
-    relay = Relay(
+    relay = wire_relay(
         store,
         FakePublisher(decide=Broken("bad")),
         cfg,

@@ -1,0 +1,44 @@
+"""The usual wiring of a relay from a store, a publisher and a configuration: its circuits client
+and its observer, sharing one clock, wall clock and random source."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import time
+from collections.abc import Callable
+
+from opentelemetry.metrics import NoOpMeter
+
+from relay.loop.circuits import ResourceGuard
+from relay.loop.observer import Instruments, Observer
+from relay.loop.relay import Relay, utc_now
+from relay.loop.settings import LoopSettings
+from relay.ports import Publisher, Store
+
+
+def wire_relay(
+    store: Store,
+    publisher: Publisher,
+    config: LoopSettings,
+    *,
+    telemetry: Instruments | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], dt.datetime] = utc_now,
+    rng: random.Random | None = None,
+) -> Relay:
+    """A relay over `store` and `publisher` (started or not). Without `telemetry` it makes no
+    span and records no metric."""
+    rng = rng or random.Random()
+    if telemetry is None:
+        observer = Observer(None, NoOpMeter("outbox-relay"), clock=clock)
+    else:
+        observer = Observer(telemetry.tracer, telemetry.meter, clock=clock)
+    guard = ResourceGuard(
+        store, config, clock=clock, wall=wall, rng=rng, on_transition=observer.circuit_changed
+    )
+    if telemetry is not None and telemetry.meter_provider is not None:
+        observer.watch(store, guard.states)  # gauges cost queries: only when something reads them
+    return Relay(
+        store, publisher, config, guard=guard, observer=observer, clock=clock, wall=wall, rng=rng
+    )
