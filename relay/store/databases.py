@@ -31,11 +31,10 @@ def database_url(raw: str) -> URL:
     if dialect is None:
         names = " or ".join(DIALECTS)
         raise ConfigError(f"unsupported database {backend!r} (use {names})")
+    if url.drivername == backend and dialect.bare_url_driver is not None:
+        return url.set(drivername=f"{backend}+{dialect.bare_url_driver}")
     if url.get_driver_name() in dialect.drivers:
         return url
-    if url.drivername == backend:
-        # A bare URL means the driver this project ships with, not SQLAlchemy's default.
-        return url.set(drivername=f"{backend}+{dialect.drivers[0]}")
     wanted = " or ".join(f"{backend}+{d}" for d in dialect.drivers)
     raise ConfigError(f"unsupported driver {url.drivername!r} (use {wanted})")
 

@@ -36,12 +36,12 @@ from sqlalchemy import (
     LargeBinary,
     String,
     TextClause,
+    TextualSelect,
     Uuid,
     bindparam,
     text,
 )
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import TypeEngine
 
@@ -107,7 +107,11 @@ RELAY_COLUMNS: Mapping[str, TypeEngine[Any]] = {
 }
 
 
-def compile_sql(sql: str, columns: Mapping[str, TypeEngine[Any]] | None = None) -> TextClause:
+# A statement ready to run: TextualSelect when its result columns are typed.
+Compiled = TextClause | TextualSelect
+
+
+def compile_sql(sql: str, columns: Mapping[str, TypeEngine[Any]] | None = None) -> Compiled:
     """A statement ready to run many times: its binds typed by name, its result columns typed.
 
     Built once per store, never per call: the claim and mark statements run thousands of times a
@@ -117,7 +121,7 @@ def compile_sql(sql: str, columns: Mapping[str, TypeEngine[Any]] | None = None) 
     typed = [bindparam(n, type_=t) for n, t in _BIND_TYPES.items() if n in names]
     if typed:
         clause = clause.bindparams(*typed)
-    return clause.columns(**columns) if columns else clause  # type: ignore[return-value]
+    return clause.columns(**columns) if columns else clause
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,21 +129,21 @@ class Statements:
     """The statements SqlStore runs as they are: the same names, binds and result columns in every
     dialect. The multi-statement operations are the Dialect's methods instead."""
 
-    has_ready: TextClause  # (only, now) -> one boolean
-    release: TextClause  # (token, seqs, delay_seconds, error, now); rowcount
-    extend_leases: TextClause  # (tokens, lease_seconds, now); rowcount
-    unpark_sweep: TextClause  # rowcount
-    resources: TextClause  # -> RESOURCE_COLUMNS, every row
-    ensure_resource: TextClause  # (resource)
-    lock_resource: TextClause  # (resource, now) -> LOCKED_RESOURCE_COLUMNS, under a lock
-    update_resource: TextClause  # (resource and every column)
-    heartbeat: TextClause  # (relay_id, now)
-    forget_relay: TextClause  # (relay_id)
-    relays: TextClause  # (within, now) -> RELAY_COLUMNS
-    count_by_state: TextClause  # -> (state, count)
-    pending_summary: TextClause  # (now) -> (ready, delayed, oldest ready age in seconds)
-    count_eligible: TextClause  # (states, cutoff, cutoff_id, after_id) -> count
-    ping: TextClause
+    has_ready: Compiled  # (only, now) -> one boolean
+    release: Compiled  # (token, seqs, delay_seconds, error, now); rowcount
+    extend_leases: Compiled  # (tokens, lease_seconds, now); rowcount
+    unpark_sweep: Compiled  # rowcount
+    resources: Compiled  # -> RESOURCE_COLUMNS, every row
+    ensure_resource: Compiled  # (resource)
+    lock_resource: Compiled  # (resource, now) -> LOCKED_RESOURCE_COLUMNS, under a lock
+    update_resource: Compiled  # (resource and every column)
+    heartbeat: Compiled  # (relay_id, now)
+    forget_relay: Compiled  # (relay_id)
+    relays: Compiled  # (within, now) -> RELAY_COLUMNS
+    count_by_state: Compiled  # -> (state, count)
+    pending_summary: Compiled  # (now) -> (ready, delayed, oldest ready age in seconds)
+    count_eligible: Compiled  # (states, cutoff, cutoff_id, after_id) -> count
+    ping: Compiled
 
 
 class Dialect(ABC):
@@ -151,7 +155,10 @@ class Dialect(ABC):
     """
 
     name: ClassVar[str]  # SQLAlchemy's backend name: a URL's backend picks its dialect
-    drivers: ClassVar[tuple[str, ...]]  # DBAPI drivers it runs on; the first is a bare URL's
+    drivers: ClassVar[tuple[str, ...]]  # the DBAPI drivers it runs on
+    # The driver written into a bare URL (postgresql://): older SQLAlchemy releases default to
+    # one this project does not ship. None: SQLAlchemy's default is one of `drivers`.
+    bare_url_driver: ClassVar[str | None] = None
     # How a write transaction begins (the engine runs in autocommit; see transaction()).
     begin: ClassVar[str]
     # The statement that subscribes to enqueue notifications, where the database has them.
@@ -187,7 +194,7 @@ class Dialect(ABC):
         """A list as this database binds it."""
 
     @abstractmethod
-    def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Row[Any]]:
+    def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         """Lease up to :limit ready rows; return them with CLAIMED_COLUMNS (in no set order).
 
         params: owner, token, limit, scan (keyed candidates looked at), lease_seconds,

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError
 
 from outbox.dberrors import DbFailure, classify_db_error
@@ -293,6 +292,7 @@ LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
 class Postgres(Dialect):
     name = "postgresql"
     drivers = ("psycopg",)
+    bare_url_driver = "psycopg"
     # The row lock comes from FOR UPDATE in LOCK_RESOURCE; BEGIN only keeps it to the COMMIT.
     begin = "BEGIN"
     listen = LISTEN
@@ -342,7 +342,7 @@ class Postgres(Dialect):
     def bind_list(self, values: Iterable[Any]) -> list[Any]:
         return [v.hex if isinstance(v, uuid.UUID) else v for v in values]
 
-    def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Row[Any]]:
+    def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         return conn.execute(self._claim, params).all()
 
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:

@@ -20,7 +20,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Integer, String, Uuid
-from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from relay.store import common
@@ -294,7 +293,7 @@ class Sqlite(Dialect):
         now: dt.datetime = conn.execute(self._read_now, {"now": params["now"]}).scalar_one()
         return now
 
-    def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Row[Any]]:
+    def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         with self.transaction(conn):
             p = {**params, "now": self._now(conn, params)}
             candidates = [tuple(r) for r in conn.execute(self._select_unkeyed, p)]

@@ -1,0 +1,144 @@
+"""The store's SQL as text, without a database: every dialect's statements are complete, read the
+time through :now, keep the lease guard, and say once what both databases share."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+from sqlalchemy import TextClause, TextualSelect
+
+from relay.core.resources import SCOPES
+from relay.errors import ConfigError
+from relay.store import common, postgres, sqlite
+from relay.store.databases import DIALECTS, database_url, dialect_for
+from relay.store.dialect import Dialect, Statements, compile_sql
+
+STORE = Path(common.__file__).parent
+CONFIGS = [(hold, scope) for hold in (True, False) for scope in SCOPES]
+
+
+def every_statement(dialect: Dialect) -> dict[str, str]:
+    """Every compiled statement a dialect runs, by name: SqlStore's and its own."""
+    found = {f.name: getattr(dialect.sql, f.name) for f in dataclasses.fields(Statements)}
+    found.update(
+        {k: v for k, v in vars(dialect).items() if isinstance(v, TextClause | TextualSelect)}
+    )
+    return {name: sql_of(clause) for name, clause in found.items()}
+
+
+def sql_of(clause: TextClause | TextualSelect) -> str:
+    text = clause.element if isinstance(clause, TextualSelect) else clause
+    assert isinstance(text, TextClause)
+    return text.text
+
+
+@pytest.mark.parametrize("backend", sorted(DIALECTS))
+@pytest.mark.parametrize(("hold", "scope"), CONFIGS)
+def test_every_template_is_filled(backend: str, hold: bool, scope: str) -> None:
+    for name, sql in every_statement(dialect_for(backend, hold=hold, scope=scope)).items():
+        assert "{" not in sql, name
+        assert "}" not in sql, name
+        assert sql.strip(), name
+
+
+def test_the_scopes_are_the_cores_and_each_has_its_expression() -> None:
+    assert set(common.RESOURCE_PARTS) == set(SCOPES)
+    with pytest.raises(ValueError, match="scope"):
+        dialect_for("sqlite", scope="queue")
+
+
+def test_the_blocking_states_and_the_head_check_are_written_once() -> None:
+    sources = {p.name: p.read_text() for p in STORE.glob("*.py")}
+    for literal in ("'pending', 'in_flight'", "e.seq < "):
+        assert [name for name, text in sources.items() if literal in text] == ["common.py"]
+    hold = dialect_for("postgresql", hold=True)
+    skip = dialect_for("postgresql", hold=False)
+    assert "'pending', 'in_flight', 'dead'" in sql_of(hold.sql.unpark_sweep)
+    assert "'dead'" not in sql_of(skip.sql.unpark_sweep)
+
+
+def test_postgresql_reads_its_clock_only_through_now() -> None:
+    for name, sql in every_statement(dialect_for("postgresql")).items():
+        assert sql.count("now()") == sql.count("coalesce(:now, now())"), name
+
+
+def test_sqlite_reads_its_clock_only_through_now() -> None:
+    for name, sql in every_statement(dialect_for("sqlite")).items():
+        assert sql.count("'now'") == sql.count("coalesce(:now, 'now')") + sql.count(
+            "coalesce(:now, strftime('%Y-%m-%d %H:%M:%f000', 'now'))"
+        ), name
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        postgres.MARK_PUBLISHED,
+        postgres.RELEASE,
+        postgres.SETTLE_FAILURES,
+        sqlite.MARK_PUBLISHED,
+        sqlite.RELEASE,
+        sqlite.SETTLE_ONE,
+    ],
+)
+def test_every_settlement_is_guarded_by_the_lease(sql: str) -> None:
+    assert re.search(r"lease_token = :token\s+AND (m\.)?state = 'in_flight'", sql)
+
+
+def test_postgresql_skips_rows_another_relay_has_locked() -> None:
+    claim = every_statement(dialect_for("postgresql"))["_claim"]
+    assert claim.count("FOR UPDATE SKIP LOCKED") == 2  # unkeyed and keyed candidates
+    assert "FOR UPDATE SKIP LOCKED" in postgres.RECLAIM_EXPIRED
+    assert "FOR UPDATE SKIP LOCKED" in postgres.PURGE_BATCH
+    assert "FOR UPDATE" in postgres.LOCK_RESOURCE
+
+
+def test_binds_are_typed_by_their_whole_name() -> None:
+    clause = compile_sql("SELECT :token, :tokens, :now, :nowhere")
+    assert isinstance(clause, TextClause)
+    typed = {name: type(p.type).__name__ for name, p in clause._bindparams.items()}
+    assert typed["token"] == "Uuid"
+    assert typed["now"] == "DateTime"
+    assert typed["tokens"] == typed["nowhere"] == "NullType"
+
+
+def test_the_comments_name_statements_that_exist() -> None:
+    for path in STORE.glob("*.py"):
+        for module, name in re.findall(
+            r"\b(postgres|sqlite|common)\.([A-Za-z_]+)", path.read_text()
+        ):
+            if name == "py":  # a file name, not a statement
+                continue
+            owner = {"postgres": postgres, "sqlite": sqlite, "common": common}[module]
+            assert hasattr(owner, name), f"{path.name} names {module}.{name}"
+
+
+def test_only_the_postgresql_dialect_listens() -> None:
+    assert postgres.Postgres.listen == "LISTEN outbox_relay"
+    assert sqlite.Sqlite.listen is None
+
+
+# --------------------------------------------------------------------------- URLs
+
+
+def test_a_bare_url_means_the_driver_this_project_ships() -> None:
+    assert database_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+    assert database_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"
+    assert database_url("sqlite:///x.db").drivername == "sqlite"
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("mysql://u@h/db", "unsupported database 'mysql' (use postgresql or sqlite)"),
+        ("postgresql+psycopg2://u@h/db", "unsupported driver 'postgresql+psycopg2'"),
+        ("not a url :secret@", "cannot parse the database URL"),
+    ],
+)
+def test_urls_the_store_cannot_open_are_refused_in_one_line(url: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(words)) as refused:
+        database_url(url)
+    assert "\n" not in str(refused.value)
+    assert "secret" not in str(refused.value)
