@@ -5,6 +5,7 @@ the relay's (sql_store.translated)."""
 from relay.store.databases import database_url, dialect_for
 from relay.store.sql_store import (
     SqlStore,
+    command_engine,
     database_clock,
     make_engine,
     open_store,
@@ -14,6 +15,7 @@ from relay.store.sql_store import (
 
 __all__ = [
     "SqlStore",
+    "command_engine",
     "database_clock",
     "database_url",
     "dialect_for",

@@ -1,7 +1,8 @@
 """The relay's store: one SqlStore that runs its database's Dialect and turns rows into values.
 
-Driver errors are translated here and nowhere else (`translated`, `translate_db_error`): into
-DatabaseUnavailable when waiting may help, SchemaNotFound when the tables are missing.
+Driver errors are translated here and nowhere else (`translated`; SqlStore and command_engine run
+behind it): into DatabaseUnavailable when waiting may help, SchemaNotFound when the tables are
+missing.
 """
 
 from __future__ import annotations
@@ -353,6 +354,18 @@ def make_engine(db_url: str, *, autocommit: bool = True, pool_size: int = 3) -> 
 
         event.listen(engine, "connect", session_settings)
     return engine
+
+
+@contextmanager
+def command_engine(db_url: str) -> Iterator[Engine]:
+    """An engine for one operator command (its transactions as the command opens them), with
+    driver errors translated as the store's are; disposed at the end."""
+    engine = make_engine(db_url, autocommit=False, pool_size=1)
+    try:
+        with translated(engine):
+            yield engine
+    finally:
+        engine.dispose()
 
 
 def open_store(
