@@ -1,0 +1,104 @@
+"""The loop's parts on their own: one counter set, the upkeep's schedule, the claimer's pacing."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import random
+
+import pytest
+
+from relay.core.outcome import Fate, Outcome
+from relay.core.retention import RetentionPolicy
+from relay.errors import DatabaseUnavailable
+from relay.loop.counts import Counts
+from relay.loop.leases import Leases
+from relay.loop.maintenance import Maintenance
+from relay.loop.wiring import wire_relay
+from relay.ports import Outgoing
+from relay.runtime.config import RelayConfig
+from tests.unit.fakes import EPOCH, FakePublisher, FakeStore, make_claimed
+
+
+def test_a_run_is_the_sum_of_its_passes() -> None:
+    total = Counts()
+    total.add(Counts(claimed=3, published=2, failures={"rejected": 1}, full_batch=True))
+    total.add(Counts(published=1, retried=1, failures={"rejected": 1, "never_sent": 2}))
+    assert total == Counts(
+        claimed=3, published=3, retried=1, failures={"rejected": 2, "never_sent": 2}
+    )  # full_batch is the last pass's: no backlog any more
+    total.add(Counts(drained=False))
+    total.add(Counts())
+    assert not total.drained  # once a stop released rows, the run did not drain
+
+
+def test_the_summary_counts_what_the_passes_reported() -> None:
+    store = FakeStore()
+    store.add(*(make_claimed(i) for i in range(1, 8)))
+
+    def decide(item: Outgoing) -> Outcome:
+        return Outcome(item.ref, Fate.REJECTED if item.ref == 4 else Fate.CONFIRMED, "nack")
+
+    cfg = RelayConfig(db_url="sqlite://", relay_id="t", batch_size=3)
+    wall = EPOCH + dt.timedelta(minutes=1)  # the rows were made a minute ago
+    relay = wire_relay(
+        store, FakePublisher(decide=decide), cfg, clock=lambda: 1000.0, wall=lambda: wall
+    )
+    passes = Counts()
+    for _ in range(6):
+        passes.add(relay.run_once())
+    assert relay.summary == passes
+    assert (passes.claimed, passes.published, passes.retried) == (7, 6, 1)
+    assert passes.failures == {"rejected": 1}
+
+
+class PurgingStore(FakeStore):
+    def __init__(self, results: list[int | None]) -> None:
+        super().__init__()
+        self.results = results  # None: the database is down
+        self.calls = 0
+
+    def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
+        self.calls += 1
+        result = self.results.pop(0)
+        if result is None:
+            raise DatabaseUnavailable("down")
+        return result
+
+
+def test_retention_comes_back_soon_only_after_a_pass_that_used_its_budget() -> None:
+    policy = RetentionPolicy(batch_size=10, max_batches=2, interval=60, backlog_interval=1)
+    cfg = RelayConfig(db_url="sqlite://", relay_id="t", retention=policy)
+    # a full budget (a backlog), less, a database outage, nothing
+    store = PurgingStore([20, 5, None, 0])
+    upkeep = Maintenance(store, cfg, leases=Leases(), wall=lambda: EPOCH)
+    now = 0.0
+    assert upkeep.retention_due(now) is policy
+    for wait in (1, 60, 60, 60):
+        with contextlib.suppress(DatabaseUnavailable):
+            upkeep.purge(policy, now)
+        assert upkeep.retention_due(now + wait - 0.01) is None
+        assert upkeep.retention_due(now + wait) is policy
+        now += wait
+    assert store.calls == 4
+
+
+def test_retention_off_is_never_due() -> None:
+    cfg = RelayConfig(db_url="sqlite://", relay_id="t", retention=None)
+    upkeep = Maintenance(FakeStore(), cfg, leases=Leases(), wall=lambda: EPOCH)
+    assert upkeep.retention_due(1e9) is None
+
+
+def test_a_failing_database_backs_claims_off_longer_each_time_until_a_claim_works() -> None:
+    now = [1000.0]
+    store = FakeStore(fail_next=["claim", "claim", "claim"])
+    store.add(make_claimed(1))
+    cfg = RelayConfig(db_url="sqlite://", relay_id="t")
+    relay = wire_relay(store, FakePublisher(), cfg, clock=lambda: now[0], rng=random.Random(1))
+    waits = []
+    for _ in range(3):
+        assert relay.run_once().claimed == 0
+        waits.append(relay.claimer.next_turn(now[0]) - now[0])
+        now[0] += waits[-1]
+    assert waits == pytest.approx([0.1, 0.2, 0.4])
+    assert relay.run_once().claimed == 1
