@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.engine import URL
 
 from relay.core.circuit import CircuitSettings
 from relay.core.durations import format_duration, positive_duration
@@ -29,6 +28,7 @@ from relay.core.resources import SCOPES
 from relay.core.retention import RetentionPolicy
 from relay.errors import ConfigError
 from relay.runtime.logs import LEVELS
+from relay.store.databases import database_url
 
 DEFAULT_DB_URL = "sqlite:///outbox.db"
 DEFAULT_AMQP_URL = "amqp://guest:guest@localhost:5672/%2F"
@@ -141,35 +141,12 @@ def _positive(name: str, value: float) -> None:
 
 
 def parse_db_url(raw: str) -> URL:
-    """Validate a SQLAlchemy URL; raise ConfigError naming the problem."""
+    """The database URL the store will open (relay.store.databases knows which); ConfigError
+    naming --db otherwise."""
     try:
-        return _db_url(raw)
-    except ValueError as exc:
+        return database_url(raw)
+    except ConfigError as exc:
         raise ConfigError(f"--db: {exc}") from None
-
-
-def _db_url(raw: str) -> URL:
-    try:
-        url = make_url(raw)
-    except ArgumentError:
-        raise ValueError(
-            f"{redact(raw)!r} is not a database URL "
-            "(expected e.g. postgresql+psycopg://user@host/db or sqlite:///outbox.db)"
-        ) from None
-    backend = url.get_backend_name()
-    if backend not in ("postgresql", "sqlite"):
-        raise ValueError(
-            f"{redact(raw)!r} names an unsupported database {backend!r} (use postgresql or sqlite)"
-        )
-    if url.drivername == "postgresql":
-        # A plain postgresql:// URL means psycopg 3, the driver this project ships with.
-        return url.set(drivername="postgresql+psycopg")
-    if backend == "postgresql" and url.get_driver_name() != "psycopg":
-        raise ValueError(
-            f"{redact(raw)!r} names an unsupported driver {url.drivername!r} "
-            "(use postgresql+psycopg)"
-        )
-    return url
 
 
 def parse_amqp_url(raw: str) -> urllib.parse.SplitResult:
@@ -322,7 +299,10 @@ def rate_limits(raw: str) -> dict[str, float]:
 
 
 def db_url(raw: str) -> str:
-    _db_url(raw)
+    try:
+        database_url(raw)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
     return raw
 
 
@@ -366,7 +346,7 @@ class Setting:
     everywhere: bool = False  # a global option: accepted before or after any command's name
     show: Callable[[Any], str] = str  # the default as --help writes it
     metavar: str | None = None
-    secret: bool = False  # may hold a password: redacted wherever it is shown
+    secret: bool = False  # may hold a password: a value is never echoed, the default redacted
     repeat: bool = False  # repeated flags add up; the variable is comma-separated
     switch: bool = False  # --flag / --no-flag (`read` is then `switch`, for the variable)
 
@@ -384,12 +364,10 @@ class Setting:
             value = getattr(value, name)
         return value
 
-    def shown(self, raw: str) -> str:
-        return redact(raw) if self.secret else raw
-
     def default_text(self) -> str:
         """The default as --help writes it."""
-        return self.shown(self.show(self.default()))
+        text = self.show(self.default())
+        return redact(text) if self.secret else text
 
     def from_env(self, raw: str) -> Any:
         """The variable's value; ConfigError naming the variable when it cannot be read."""
@@ -397,7 +375,11 @@ class Setting:
         try:
             return self.read(raw)
         except ValueError as exc:
-            said, message = repr(self.shown(raw)), str(exc)
+            message = str(exc)
+            if self.secret:
+                # Not echoed: a value that does not parse may hide a password from redact().
+                raise ConfigError(f"{self.env}: {message}") from None
+            said = repr(raw)
             # Readers start with the text they were given; say it once.
             problem = message if message.startswith(said) else f"{said}: {message}"
             raise ConfigError(f"{self.env}={problem}") from None

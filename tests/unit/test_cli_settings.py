@@ -89,8 +89,9 @@ def test_another_commands_option_with_the_same_name_is_not_a_setting() -> None:
         ("OUTBOX_RATE_LIMITS", "orders=5,audit", "OUTBOX_RATE_LIMITS='orders=5,audit': 'audit'"),
         ("OUTBOX_HTTP_PORT", "99999", "OUTBOX_HTTP_PORT='99999' is not a port number"),
         ("OUTBOX_LOG_LEVEL", "loud", "OUTBOX_LOG_LEVEL='loud' is not one of DEBUG"),
-        ("OUTBOX_DB_URL", "nonsense", "OUTBOX_DB_URL='nonsense' is not a database URL"),
-        ("OUTBOX_AMQP_URL", "http://h/", "OUTBOX_AMQP_URL='http://h/' is not an AMQP URL"),
+        ("OUTBOX_DB_URL", "nonsense", "OUTBOX_DB_URL: cannot parse the database URL"),
+        ("OUTBOX_DB_URL", "mysql://h/db", "OUTBOX_DB_URL: unsupported database 'mysql'"),
+        ("OUTBOX_AMQP_URL", "http://h/", "OUTBOX_AMQP_URL: 'http://h/' is not an AMQP URL"),
     ],
 )
 def test_a_bad_variable_is_named_in_one_line_with_exit_2(
@@ -110,13 +111,25 @@ def test_a_bad_variable_is_named_in_one_line_with_exit_2(
     assert "Traceback" not in captured.err
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("OUTBOX_AMQP_URL", "http://relay:hunter2@h/", "'http://relay:***@h/' is not an AMQP URL"),
+        ("OUTBOX_DB_URL", "oracle://app:hunter2@h/db", "unsupported database 'oracle'"),
+        ("OUTBOX_DB_URL", "postgresql+asyncpg://app:hunter2@h/db", "unsupported driver"),
+    ],
+)
 def test_a_bad_url_in_a_variable_is_named_without_its_password(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    name: str,
+    value: str,
+    words: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("OUTBOX_AMQP_URL", "http://relay:hunter2@h/")
+    monkeypatch.setenv(name, value)
     assert cli.main(["run"]) == 2
     err = capsys.readouterr().err
-    assert "OUTBOX_AMQP_URL='http://relay:***@h/' is not an AMQP URL" in err
+    assert f"{name}: {words}" in err
     assert "hunter2" not in err
 
 
