@@ -114,8 +114,8 @@ Compiled = TextClause | TextualSelect
 def compile_sql(sql: str, columns: Mapping[str, TypeEngine[Any]] | None = None) -> Compiled:
     """A statement ready to run many times: its binds typed by name, its result columns typed.
 
-    Built once per store, never per call: the claim and mark statements run thousands of times a
-    second and SQLAlchemy caches their compiled form on these objects."""
+    Built once per dialect, never per call: the claim and mark statements run thousands of times
+    a second, and parsing the text and typing its binds each time would show."""
     names = set(_BIND.findall(sql))
     clause = text(sql)
     typed = [bindparam(n, type_=t) for n, t in _BIND_TYPES.items() if n in names]

@@ -106,6 +106,9 @@ def cutoff_id(moment: dt.datetime) -> uuid.UUID:
     return uuid.UUID(int=(ms << 80) | (0x7 << 76) | (0b10 << 62))
 
 
+# --------------------------------------------------------------------------- running it
+
+
 @dataclass(frozen=True, slots=True)
 class _Plan:
     states: tuple[str, ...]

@@ -50,7 +50,8 @@ _READ_NOW = f"SELECT {NOW} AS now"
 # Claiming is four statements in one transaction: the unkeyed and the keyed candidates (keyed
 # ones with whether each is its key's head), parking the keyed ones that are not, and leasing
 # the best :limit of the rest. Per-key order, parking and resources as in postgres._CLAIM; there
-# is no SKIP LOCKED to need, the write lock is already held.
+# is no SKIP LOCKED to need, the write lock is already held. These bind the transaction's time,
+# read once (Sqlite._now), so :now is never NULL here.
 _SELECT_UNKEYED = """
 SELECT seq, priority, available_at FROM outbox_message
 WHERE state = 'pending' AND key IS NULL AND available_at <= :now {filter}
