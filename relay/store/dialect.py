@@ -126,8 +126,9 @@ def compile_sql(sql: str, columns: Mapping[str, TypeEngine[Any]] | None = None) 
 
 @dataclass(frozen=True, slots=True)
 class Statements:
-    """The statements SqlStore runs as they are: the same names, binds and result columns in every
-    dialect. The multi-statement operations are the Dialect's methods instead."""
+    """The statements run as they are (by SqlStore; count_eligible by retention.py): the same
+    names, binds and result columns in every dialect. What takes several statements on some
+    database is a Dialect method instead."""
 
     has_ready: Compiled  # (only, now) -> one boolean
     release: Compiled  # (token, seqs, delay_seconds, error, now); rowcount
