@@ -7,6 +7,8 @@ import random
 import threading
 import time
 
+import pytest
+
 from relay.core.outcome import Fate, Outcome
 from relay.loop.relay import Relay
 from relay.loop.wiring import wire_relay
@@ -81,7 +83,9 @@ def test_in_flight_is_bounded_by_max_in_flight() -> None:
     assert sum(1 for s in store.states().values() if s == "published") == 25
 
 
-def test_outcomes_survive_a_database_outage_and_are_marked_later() -> None:
+def test_outcomes_survive_a_database_outage_and_are_marked_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     store = FakeStore()
     store.add(make_claimed(1), make_claimed(2))
     relay, _ = make_relay(store, FakePublisher())
@@ -93,6 +97,8 @@ def test_outcomes_survive_a_database_outage_and_are_marked_later() -> None:
     relay.run_once()
     assert store.states() == {1: "published", 2: "published"}
     assert relay.summary.published == 2  # counted once, when they were marked
+    errors = [r for r in caplog.records if r.getMessage() == "relay.db_error"]
+    assert [getattr(r, "during", None) for r in errors] == ["settle"]  # the outage, reported once
 
 
 def test_a_claim_failure_backs_off_instead_of_spinning() -> None:
