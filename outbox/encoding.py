@@ -82,11 +82,21 @@ def _content_type(value: object) -> str:
     return value
 
 
-def _shortstr(what: str, value: str, error: type[Exception]) -> None:
+def _text(what: str, value: str, error: type[Exception]) -> int:
+    """The UTF-8 size of a text field the database stores as text; refuses what it cannot hold."""
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise error(f"{what} is not valid UTF-8: {exc}") from exc
+    # PostgreSQL's text and jsonb cannot hold U+0000; refused on every database so a message
+    # accepted on SQLite would be accepted on PostgreSQL too.
+    if "\x00" in value:
+        raise error(f"{what} contains a NUL character (U+0000), which the database cannot store")
+    return size
+
+
+def _shortstr(what: str, value: str, error: type[Exception]) -> None:
+    size = _text(what, value, error)
     if size > SHORTSTR_MAX:
         raise error(f"{what} is {size} bytes, over AMQP's limit of {SHORTSTR_MAX}")
 
@@ -135,10 +145,7 @@ def _header_value(name: str, value: object) -> HeaderValue:
             raise InvalidHeader(f"header {name!r}: {value} is not a finite number")
         return value
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidHeader(f"header {name!r}: value is not valid UTF-8") from exc
+        _text(f"header {name!r}: value", value, InvalidHeader)
         return value
     raise InvalidHeader(
         f"header {name!r}: value must be str, int, float or bool, not {type(value).__name__}"

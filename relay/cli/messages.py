@@ -10,12 +10,11 @@ import datetime as dt
 import json
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
 from outbox.states import State
@@ -23,8 +22,7 @@ from relay.cli.options import Commands, Handler
 from relay.core.durations import parse_moment
 from relay.errors import ConfigError
 from relay.runtime.config import RelayConfig
-from relay.store import admin
-from relay.store.sql_store import make_engine, translate_db_error
+from relay.store import admin, command_engine
 
 BULK_CHUNK = 500
 
@@ -109,19 +107,9 @@ def _filter(args: argparse.Namespace, now: dt.datetime) -> admin.MessageFilter:
     )
 
 
-@contextmanager
-def operator_engine(config: RelayConfig) -> Iterator[Engine]:
-    """An engine for one command, with driver errors translated as the relay's store does."""
-    engine = make_engine(config.db_url, autocommit=False, pool_size=1)
-    try:
-        yield engine
-    except DBAPIError as exc:
-        translated = translate_db_error(engine, exc)
-        if translated is not None:
-            raise translated from None
-        raise
-    finally:
-        engine.dispose()
+def operator_engine(config: RelayConfig) -> AbstractContextManager[Engine]:
+    """An engine for one command, behind the store's one driver-error boundary."""
+    return command_engine(config.db_url)
 
 
 def utc_now() -> dt.datetime:

@@ -9,7 +9,6 @@ from relay.store.sql_store import (
     database_clock,
     make_engine,
     open_store,
-    translate_db_error,
     translated,
 )
 
@@ -21,6 +20,5 @@ __all__ = [
     "dialect_for",
     "make_engine",
     "open_store",
-    "translate_db_error",
     "translated",
 ]

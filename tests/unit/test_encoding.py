@@ -148,3 +148,34 @@ def test_json_payloads_round_trip(value: object) -> None:
     payload = [value]
     encoded = encoding.encode_payload(payload, None, 10**9)
     assert json.loads(encoded.body) == payload
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "field"),
+    [
+        (
+            lambda: encoding.check_destination("orders\x00", "k"),
+            outbox.InvalidDestination,
+            "exchange",
+        ),
+        (
+            lambda: encoding.check_destination("orders", "a.\x00b"),
+            outbox.InvalidDestination,
+            "routing_key",
+        ),
+        (lambda: encoding.check_headers({"n\x00": 1}), outbox.InvalidHeader, "header name"),
+        (lambda: encoding.check_headers({"n": "v\x00"}), outbox.InvalidHeader, "header 'n'"),
+        (lambda: encoding.check_text_option("key", "k\x00"), outbox.InvalidOption, "key"),
+        (
+            lambda: encoding.encode_payload({}, "text/\x00", 10),
+            outbox.InvalidOption,
+            "content_type",
+        ),
+    ],
+)
+def test_nul_characters_are_refused_in_every_text_field(
+    call: object, error: type[Exception], field: str
+) -> None:
+    # PostgreSQL cannot store U+0000 in text or jsonb; SQLite could, so both refuse it up front.
+    with pytest.raises(error, match=rf"{field}.*NUL"):
+        call()  # type: ignore[operator]
