@@ -29,6 +29,7 @@ demo: $(STAMP) services
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

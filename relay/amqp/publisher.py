@@ -31,9 +31,9 @@ from pika.exceptions import ChannelClosedByBroker, UnsupportedAMQPFieldException
 
 from relay.amqp.wire import to_outgoing
 from relay.core.outcome import Fate, Outcome
+from relay.core.urls import redact
 from relay.errors import BrokerUnavailable
 from relay.ports import Done, Outgoing
-from relay.runtime.config import redact
 
 log = logging.getLogger("relay.publisher")
 

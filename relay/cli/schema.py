@@ -10,7 +10,8 @@ import outbox
 from relay.cli.circuits import format_circuits, not_closed
 from relay.cli.messages import operator_engine, per_exchange, table
 from relay.cli.options import Commands, Handler
-from relay.runtime.config import RelayConfig, redact
+from relay.core.urls import redact
+from relay.runtime.config import RelayConfig
 from relay.store.sql_store import open_store
 
 log = logging.getLogger("relay")

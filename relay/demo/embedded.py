@@ -16,16 +16,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import pika
-from pika.exceptions import AMQPError
+from sqlalchemy.orm import Session
 
 import outbox
 from relay.amqp.publisher import Publisher
+from relay.core.urls import redact
 from relay.demo.services import declare, order_table, tracer_provider, write_order
 from relay.loop.wiring import wire_relay
-from relay.runtime.config import RelayConfig, redact
+from relay.runtime.config import RelayConfig
 from relay.runtime.telemetry import Telemetry, setup
 from relay.store.sql_store import make_engine, open_store
 
@@ -33,33 +32,17 @@ log = logging.getLogger("relay.demo")
 
 
 @dataclass
-class _Consumer:
-    amqp_url: str
-    queue: str
-    received: dict[str, bytes] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)
-    error: str | None = None
+class _Received:
+    """What the demo's consumer saw, by message id."""
 
-    def run(self) -> None:
-        try:
-            conn = pika.BlockingConnection(pika.URLParameters(self.amqp_url))
-            channel = conn.channel()
-            channel.basic_qos(prefetch_count=500)
+    bodies: dict[str, bytes] = field(default_factory=dict)
 
-            def on_message(ch: Any, method: Any, props: Any, body: bytes) -> None:
-                self.received[props.message_id] = body
-                # The relay's send span context: the same trace as the order's request span.
-                parent = (props.headers or {}).get("traceparent", "")
-                trace_id = parent.split("-")[1] if parent.count("-") == 3 else "-"
-                print(f"demo: received {props.message_id} trace {trace_id}")
-                ch.basic_ack(method.delivery_tag)
-
-            channel.basic_consume(self.queue, on_message)
-            while not self.stop.is_set():
-                conn.process_data_events(time_limit=0.1)
-            conn.close()
-        except AMQPError as exc:  # pragma: no cover - reported in the summary
-            self.error = f"consumer failed: {exc!r}"
+    def handle(self, _session: Session, message: outbox.Message) -> None:
+        self.bodies[message.id] = message.body
+        # The relay's send span context: the same trace as the order's request span.
+        parent = str(message.headers.get("traceparent", ""))
+        trace_id = parent.split("-")[1] if parent.count("-") == 3 else "-"
+        print(f"demo: received {message.id} trace {trace_id}")
 
 
 def run_demo(
@@ -83,7 +66,9 @@ def run_demo(
     provider = tracer_provider(telemetry)
     tracer = provider.get_tracer("outbox-demo")
 
-    consumer = _Consumer(amqp_url, queue)
+    # The demo consumes as an application would: outbox.Consumer, its inbox in the same database.
+    received_by_id = _Received()
+    consumer = outbox.Consumer(app, amqp_url, queue, received_by_id.handle, name="outbox-demo")
     consumer_thread = threading.Thread(target=consumer.run, name="demo-consumer", daemon=True)
     consumer_thread.start()
 
@@ -105,18 +90,19 @@ def run_demo(
         (rolled_back if rollback else committed).add(message_id)
 
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not committed <= consumer.received.keys():
+    while time.monotonic() < deadline and not committed <= received_by_id.bodies.keys():
         time.sleep(0.05)
     time.sleep(0.3)  # a short grace period in which a leaked rolled-back message would show up
     relay.request_stop()
     relay_thread.join(30)
-    consumer.stop.set()
+    consumer.stop()
     consumer_thread.join(10)
     relay.store.close()
     app.dispose()
     provider.shutdown()
 
-    received = set(consumer.received)
+    received = set(received_by_id.bodies)
+    consumer_error = None if not consumer_thread.is_alive() else "consumer did not stop"
     missing = committed - received
     leaked = rolled_back & received
     unexpected = received - committed - rolled_back
@@ -127,7 +113,7 @@ def run_demo(
         + (f"; LEAKED {len(leaked)}" if leaked else "")
         + (f"; UNEXPECTED {len(unexpected)}" if unexpected else "")
     )
-    if consumer.error:
-        print(f"demo: {consumer.error}")
-    ok = not missing and not leaked and not unexpected and consumer.error is None
+    if consumer_error:
+        print(f"demo: {consumer_error}")
+    ok = not missing and not leaked and not unexpected and consumer_error is None
     return 0 if ok else 1

@@ -20,15 +20,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-import pika
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, insert
 from sqlalchemy.orm import Session
 
 import outbox
-from relay.errors import BrokerUnavailable
-from relay.runtime.config import redact
+from relay.amqp import topology
 from relay.runtime.telemetry import Telemetry, setup
 
 EXCHANGE = "outbox-demo"
@@ -55,21 +53,7 @@ def trace_id_of(span: trace.Span) -> str:
 
 def declare(amqp_url: str, exchange: str, queue: str, *, durable: bool) -> None:
     """The demo's exchange and queue (durable for the services, auto-deleted for `demo`)."""
-    try:
-        params = pika.URLParameters(amqp_url)
-        params.socket_timeout = 3
-        params.connection_attempts = 1
-        conn = pika.BlockingConnection(params)
-    except pika.exceptions.AMQPError as exc:
-        raise BrokerUnavailable(
-            f"cannot reach RabbitMQ at {redact(amqp_url)} ({type(exc).__name__}); start one with "
-            "`docker compose up -d rabbitmq` (or `rabbitmq-server -detached`), or pass --amqp URL"
-        ) from None
-    channel = conn.channel()
-    channel.exchange_declare(exchange, "topic", durable=durable, auto_delete=not durable)
-    channel.queue_declare(queue, durable=durable, auto_delete=not durable)
-    channel.queue_bind(queue, exchange, "order.#")
-    conn.close()
+    topology.declare(amqp_url, exchange, queue, "order.#", durable=durable)
 
 
 def write_order(

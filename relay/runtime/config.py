@@ -26,6 +26,7 @@ from relay.core.failures import FailureClass
 from relay.core.policy import RetryPolicy
 from relay.core.resources import SCOPES
 from relay.core.retention import RetentionPolicy
+from relay.core.urls import redact
 from relay.errors import ConfigError
 from relay.runtime.logs import LEVELS
 from relay.store.databases import database_url
@@ -170,18 +171,6 @@ def _amqp_url(raw: str) -> urllib.parse.SplitResult:
     except ValueError:
         raise ValueError(f"{redact(raw)!r} has an invalid port") from None
     return parts
-
-
-def redact(raw: str) -> str:
-    """The URL with its password replaced, for messages and logs."""
-    try:
-        parts = urllib.parse.urlsplit(raw)
-        if parts.password:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-            return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<unparseable URL>"
-    return raw
 
 
 # --------------------------------------------------------------------------- reading text

@@ -6,8 +6,9 @@ import pytest
 
 from relay.cli import main as cli
 from relay.cli.schema import format_status
+from relay.core.urls import redact
 from relay.errors import ConfigError
-from relay.runtime.config import RelayConfig, parse_amqp_url, parse_db_url, redact
+from relay.runtime.config import RelayConfig, parse_amqp_url, parse_db_url
 
 
 @pytest.mark.parametrize(
@@ -34,6 +35,11 @@ def test_bad_amqp_urls_name_the_problem(url: str) -> None:
 def test_passwords_are_redacted() -> None:
     assert redact("amqp://guest:secret@h:5672/%2F") == "amqp://guest:***@h:5672/%2F"
     assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+    # libpq takes the password in the query too.
+    assert redact("postgresql://u@h/db?password=s3cret&sslmode=require") == (
+        "postgresql://u@h/db?password=***&sslmode=require"
+    )
+    assert "s3cret" not in redact("postgresql://u:s3cret@h/db?PASSWORD=s3cret")
 
 
 def test_config_rejects_a_lease_shorter_than_the_confirm_timeout() -> None:
