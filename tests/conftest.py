@@ -473,7 +473,7 @@ def relay_factory(amqp_url: str) -> Iterator[RelayFactory]:
             relay_id=f"test-relay-{uuid.uuid4().hex[:8]}",
             **settings,
         )
-        store = open_store(db_url, dead_key=cfg.dead_key, scope=cfg.circuit_scope)
+        store = open_store(db_url, hold_dead_keys=cfg.hold_dead_keys, scope=cfg.circuit_scope)
         publisher = Publisher(amqp_url, confirm_timeout=cfg.confirm_timeout, name=cfg.relay_id)
         try:
             publisher.start()

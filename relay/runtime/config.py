@@ -72,6 +72,11 @@ class RelayConfig:
     http_port: int = 0
     http_host: str = "0.0.0.0"  # noqa: S104 - probes come from the orchestrator, not localhost
 
+    @property
+    def hold_dead_keys(self) -> bool:
+        """Whether a dead message holds the rest of its key (what the store needs to know)."""
+        return self.dead_key == "hold"
+
     def __post_init__(self) -> None:
         _positive("batch_size", self.batch_size)
         _positive("max_in_flight", self.max_in_flight)

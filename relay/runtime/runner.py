@@ -40,7 +40,7 @@ def check_schema(store: SqlStore) -> None:
 
 
 def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Relay:
-    store = open_store(config.db_url, dead_key=config.dead_key, scope=config.circuit_scope)
+    store = open_store(config.db_url, hold_dead_keys=config.hold_dead_keys, scope=config.circuit_scope)
     check_schema(store)
     publisher = Publisher(
         config.amqp_url,

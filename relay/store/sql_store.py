@@ -52,13 +52,12 @@ class SqlStore:
         engine: Engine,
         *,
         clock: Callable[[], dt.datetime | None] = database_clock,
-        dead_key: str = "hold",
+        hold_dead_keys: bool = True,
         scope: str = "exchange",
     ) -> None:
-        if dead_key not in ("hold", "skip"):
-            raise ValueError(f"dead_key must be 'hold' or 'skip', not {dead_key!r}")
+        # hold_dead_keys: a dead message holds the rest of its key (the config's dead_key "hold").
         self.engine = engine
-        self.dialect = dialect_for(engine.dialect.name, hold=dead_key == "hold", scope=scope)
+        self.dialect = dialect_for(engine.dialect.name, hold=hold_dead_keys, scope=scope)
         self._sql = self.dialect.sql
         self._clock = clock
 
@@ -372,12 +371,12 @@ def open_store(
     db_url: str,
     *,
     check: bool = True,
-    dead_key: str = "hold",
+    hold_dead_keys: bool = True,
     scope: str = "exchange",
     clock: Callable[[], dt.datetime | None] = database_clock,
 ) -> SqlStore:
     """Open the store at `db_url`; with `check`, fail now if the database is unreachable."""
-    store = SqlStore(make_engine(db_url), clock=clock, dead_key=dead_key, scope=scope)
+    store = SqlStore(make_engine(db_url), clock=clock, hold_dead_keys=hold_dead_keys, scope=scope)
     if check:
         store.ping()
     return store
