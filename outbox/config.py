@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from typing import Any
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+# JSON nested deeper than this is refused: json.dumps fails near 1,000 levels, and consumers'
+# parsers often stop far sooner.
+DEFAULT_MAX_JSON_DEPTH = 64
+# The encoded AMQP headers table (the relay's own headers included): it travels in one frame
+# with the other properties, and RabbitMQ's frame_max is 128 KiB by default; a message whose
+# header frame is larger could never be published.
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class LibrarySettings:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     # PostgreSQL: wake an idle relay with NOTIFY, at most once per notify_interval per process.
     # NOTIFY takes a cluster-wide lock at commit, so it is rationed, not sent per message; a busy
     # relay is polling every few milliseconds anyway.
@@ -18,18 +28,29 @@ class LibrarySettings:
     notify_interval: float = 0.1
 
 
+# Positive integer settings and their environment variables.
+_LIMITS = {
+    "max_payload_bytes": "OUTBOX_MAX_PAYLOAD_BYTES",
+    "max_json_depth": "OUTBOX_MAX_JSON_DEPTH",
+    "max_header_bytes": "OUTBOX_MAX_HEADER_BYTES",
+}
+
+
 def _from_env() -> LibrarySettings:
     notify = os.environ.get("OUTBOX_NOTIFY", "1").lower() not in ("0", "false", "no")
-    raw = os.environ.get("OUTBOX_MAX_PAYLOAD_BYTES")
-    if raw is None:
-        return LibrarySettings(notify=notify)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"OUTBOX_MAX_PAYLOAD_BYTES must be an integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"OUTBOX_MAX_PAYLOAD_BYTES must be positive, got {value}")
-    return LibrarySettings(max_payload_bytes=value, notify=notify)
+    limits: dict[str, int] = {}
+    for field, variable in _LIMITS.items():
+        raw = os.environ.get(variable)
+        if raw is None:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{variable} must be an integer, got {raw!r}") from None
+        if value < 1:
+            raise ValueError(f"{variable} must be positive, got {value}")
+        limits[field] = value
+    return LibrarySettings(notify=notify, **limits)
 
 
 _settings = _from_env()
@@ -39,24 +60,35 @@ def settings() -> LibrarySettings:
     return _settings
 
 
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer")
+    if value < 1:
+        raise ValueError(f"{name} must be positive")
+    return value
+
+
 def configure(
     *,
     max_payload_bytes: int | None = None,
+    max_json_depth: int | None = None,
+    max_header_bytes: int | None = None,
     notify: bool | None = None,
     notify_interval: float | None = None,
 ) -> LibrarySettings:
     """Change library settings for this process; returns the settings now in force."""
     global _settings
-    if max_payload_bytes is not None:
-        if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int):
-            raise TypeError("max_payload_bytes must be an integer")
-        if max_payload_bytes < 1:
-            raise ValueError("max_payload_bytes must be positive")
-        _settings = replace(_settings, max_payload_bytes=max_payload_bytes)
+    limits = {
+        "max_payload_bytes": max_payload_bytes,
+        "max_json_depth": max_json_depth,
+        "max_header_bytes": max_header_bytes,
+    }
+    changes: dict[str, Any] = {n: _positive(n, v) for n, v in limits.items() if v is not None}
     if notify is not None:
-        _settings = replace(_settings, notify=bool(notify))
+        changes["notify"] = bool(notify)
     if notify_interval is not None:
         if notify_interval < 0:
             raise ValueError("notify_interval must not be negative")
-        _settings = replace(_settings, notify_interval=float(notify_interval))
+        changes["notify_interval"] = float(notify_interval)
+    _settings = replace(_settings, **changes)
     return _settings

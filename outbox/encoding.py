@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from outbox.errors import (
+    HeadersTooLarge,
     InvalidDestination,
     InvalidHeader,
     InvalidOption,
     PayloadEncodingError,
+    PayloadTooDeep,
     PayloadTooLarge,
 )
 
@@ -38,6 +40,11 @@ RESERVED_PREFIX = "x-outbox-"
 
 HeaderValue = str | int | float | bool
 
+# Encoded sizes in an AMQP field table (as outbox/amqp_codec.py writes it): a name is a shortstr
+# (1 + bytes); a value is a type octet and then: str 4 + bytes, bool 1, int 4 when it fits in 32
+# bits else 8, float 8 (a double).
+INT32_TABLE = range(-(2**31), 2**31)
+
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
@@ -45,14 +52,23 @@ class Encoded:
     content_type: str
 
 
-def encode_payload(payload: object, content_type: str | None, max_bytes: int) -> Encoded:
+def encode_payload(
+    payload: object, content_type: str | None, max_bytes: int, max_depth: int = 64
+) -> Encoded:
     """Turn a payload into bytes and the content type that describes them."""
     if isinstance(payload, dict | list):
         try:
             text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
             body = text.encode("utf-8")
+        except RecursionError:
+            check_depth("payload", payload, max_depth)  # names the limit
+            raise  # pragma: no cover - deeper than the limit, so check_depth raised
         except (TypeError, ValueError, UnicodeEncodeError) as exc:
             raise PayloadEncodingError(f"payload cannot be encoded as JSON: {exc}") from exc
+        # Brackets in the text bound the depth from above (strings may hold some too): most
+        # payloads skip the walk.
+        if text.count("[") + text.count("{") > max_depth:
+            check_depth("payload", payload, max_depth)
         derived = JSON_TYPE
     elif isinstance(payload, str):
         try:
@@ -73,6 +89,69 @@ def encode_payload(payload: object, content_type: str | None, max_bytes: int) ->
             "(raise it with outbox.configure(max_payload_bytes=...))"
         )
     return Encoded(body, _content_type(content_type) if content_type is not None else derived)
+
+
+def check_depth(what: str, value: object, limit: int) -> None:
+    """Refuse JSON nested deeper than `limit` (json.dumps would hit RecursionError near 1,000,
+    and a consumer's parser may have a lower limit still). Iterative: no recursion to exhaust."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            raise PayloadTooDeep(
+                f"{what} is nested more than {limit} levels deep "
+                "(raise the limit with outbox.configure(max_json_depth=...))"
+            )
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
+
+
+def value_size(value: HeaderValue) -> int:
+    """The bytes a valid header value takes in an AMQP field table, type octet included."""
+    if isinstance(value, str):
+        return 5 + (len(value) if value.isascii() else len(value.encode("utf-8")))
+    if isinstance(value, bool):
+        return 2
+    if isinstance(value, int):
+        return 5 if value in INT32_TABLE else 9
+    return 9  # float: a double
+
+
+def name_size(name: str) -> int:
+    return 1 + (len(name) if name.isascii() else len(name.encode("utf-8")))
+
+
+def header_table_size(headers: Mapping[str, HeaderValue]) -> int:
+    """The encoded size of a headers table of valid values, its 4-byte length included."""
+    return 4 + sum(name_size(n) + value_size(v) for n, v in headers.items())
+
+
+def check_header_size(
+    headers: Mapping[str, HeaderValue] | None,
+    *,
+    key: str | None,
+    traceparent: str | None,
+    tracestate: str | None,
+    limit: int,
+) -> None:
+    """Refuse headers whose table, with the ones the relay adds, encodes to more than `limit`."""
+    if not headers:
+        return  # the relay's own headers alone are under 1 KiB
+    added: dict[str, HeaderValue] = {}
+    if key is not None:
+        added["x-outbox-key"] = key
+    if traceparent:
+        added["traceparent"] = traceparent
+        if tracestate:
+            added["tracestate"] = tracestate
+    size = header_table_size(headers) + header_table_size(added) - 4
+    if size > limit:
+        raise HeadersTooLarge(
+            f"headers encode to {size} bytes (with the relay's own), over the limit of {limit} "
+            "bytes (raise it with outbox.configure(max_header_bytes=...))"
+        )
 
 
 def _content_type(value: object) -> str:
@@ -189,3 +268,29 @@ def check_int_option(what: str, value: object, minimum: int) -> int:
     if not max(minimum, INT32_MIN) <= value <= INT32_MAX:
         raise InvalidOption(f"{what} must be between {max(minimum, INT32_MIN)} and {INT32_MAX}")
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableJson:
+    """Stored JSON that does not decode, in place of its value.
+
+    A store decodes a row's JSON while fetching a whole claim; raising there would fail every
+    row of it. This value carries the row's problem on to the relay's per-row checks instead,
+    where only that row is dead-lettered.
+    """
+
+    reason: str
+
+    def __str__(self) -> str:
+        return f"<unreadable JSON: {self.reason}>"
+
+
+def load_stored_json(text: str | bytes) -> Any:
+    """json.loads that never raises: a value that does not decode becomes UnreadableJson (a
+    store's json_deserializer; a hand-edited row may hold anything)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return UnreadableJson("nested too deep to decode")
+    except (ValueError, TypeError) as exc:  # JSONDecodeError, bad UTF-8, not text at all
+        return UnreadableJson(f"not JSON ({exc})")

@@ -43,8 +43,11 @@ def enqueue(
     content_type: str | None = None,
 ) -> uuid.UUID:
     """Add a message to the caller's transaction; return its id (also the AMQP message_id)."""
+    limits = settings()
     encoding.check_destination(exchange, routing_key)
-    encoded = encoding.encode_payload(payload, content_type, settings().max_payload_bytes)
+    encoded = encoding.encode_payload(
+        payload, content_type, limits.max_payload_bytes, limits.max_json_depth
+    )
     checked_headers = encoding.check_headers(headers)
     wait = encoding.check_delay(delay)
     key = encoding.check_text_option("key", key)
@@ -54,6 +57,14 @@ def enqueue(
         max_attempts = encoding.check_int_option("max_attempts", max_attempts, 1)
     conn = _connection(db)
     traceparent, tracestate = tracecontext.current()
+    # With the relay's own headers: what the broker will be sent is what is measured.
+    encoding.check_header_size(
+        checked_headers,
+        key=key,
+        traceparent=traceparent,
+        tracestate=tracestate,
+        limit=limits.max_header_bytes,
+    )
 
     message_id = new_id()
     params: dict[str, Any] = {

@@ -23,8 +23,16 @@ class PayloadTooLarge(InvalidMessage):
     """The encoded payload is larger than the configured limit."""
 
 
+class PayloadTooDeep(PayloadEncodingError):
+    """The JSON payload is nested deeper than the configured limit."""
+
+
 class InvalidHeader(InvalidMessage):
     """A header name or value is not allowed."""
+
+
+class HeadersTooLarge(InvalidHeader):
+    """The headers encode to more AMQP bytes than the configured limit."""
 
 
 class InvalidDestination(InvalidMessage):

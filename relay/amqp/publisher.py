@@ -29,11 +29,11 @@ from pika import spec
 from pika.adapters.select_connection import IOLoop, SelectConnection
 from pika.exceptions import ChannelClosedByBroker, UnsupportedAMQPFieldException
 
-from relay.amqp.wire import to_outgoing
+from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
 from relay.core.outcome import Fate, Outcome
 from relay.core.urls import redact
 from relay.errors import BrokerUnavailable
-from relay.ports import Done, Outgoing
+from relay.ports import Claimed, Done, Outgoing
 
 log = logging.getLogger("relay.publisher")
 
@@ -71,8 +71,14 @@ class _Chan:
 class Publisher:
     """A confirmed-publish pipeline over one AMQP connection, reconnecting on its own."""
 
-    # A claimed row as a message on this wire (called by the relay loop, on its own thread).
-    encode = staticmethod(to_outgoing)
+    def encode(
+        self, row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None
+    ) -> Outgoing:
+        """A claimed row as a message on this wire, checked against this connection's frame_max
+        (called by the relay loop, on its own thread); MalformedRow when there can be none."""
+        return to_outgoing(
+            row, traceparent=traceparent, tracestate=tracestate, frame_max=self._frame_max
+        )
 
     def __init__(
         self,
@@ -104,6 +110,10 @@ class Publisher:
         self._first_error: str | None = None
         self.ready = False  # read by other threads; a plain bool is atomic enough
         self.blocked = False
+        # What the broker negotiated at connection.tune; RabbitMQ closes the connection on a
+        # larger frame, so encode() refuses a message whose header frame would be.
+        self._frame_max = DEFAULT_FRAME_MAX
+        self.connections = 0  # connections opened so far: more than one means one was lost
 
     # ----------------------------------------------------------------- other threads' API
 
@@ -161,6 +171,10 @@ class Publisher:
         conn.add_on_connection_blocked_callback(self._on_blocked)
         conn.add_on_connection_unblocked_callback(self._on_unblocked)
         self._failures = 0
+        negotiated = getattr(getattr(conn, "params", None), "frame_max", None)
+        if isinstance(negotiated, int) and negotiated > 0:
+            self._frame_max = negotiated
+        self.connections += 1
         self.ready = True
         log.info("broker.connected", extra={"broker": self._url})
         self._first_attempt.set()

@@ -1,45 +1,180 @@
-"""A claimed row as it goes on the wire (the contract's "On the wire" section, in code)."""
+"""A claimed row as it goes on the wire (the contract's "On the wire" section, in code).
+
+A stored row may hold anything (a hand-edited row, a bug, another writer): every field is
+checked here, per row and completely, before anything is sent. What fails raises MalformedRow
+naming the field, and the loop dead-letters that row alone. Anything that got past this check
+and failed later would fail worse: an encoding error in pika's IO thread, or a frame RabbitMQ
+answers by closing the connection, which republishes every message then in flight.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from outbox.amqp_codec import Properties
+from outbox.encoding import RESERVED_HEADERS, RESERVED_PREFIX, UnreadableJson
 from relay.ports import Claimed, MalformedRow, Outgoing
 
 PERSISTENT = 2
 KEY_HEADER = "x-outbox-key"
+SHORTSTR_MAX = 255  # bytes of an AMQP short string
+# RabbitMQ's default frame_max (128 KiB); the publisher passes the value its connection
+# negotiated.
+DEFAULT_FRAME_MAX = 131072
+# A content header frame: 7 bytes of frame header and 1 of frame end around class id (2),
+# weight (2), body size (8) and the property flags (2); then the properties. Besides content
+# type and headers (measured), the relay sends delivery mode (1), message id (1 + 36) and
+# timestamp (8).
+_HEADER_FRAME_FIXED = 7 + 1 + 12 + 2 + 1 + 37 + 8
+_TABLE_LENGTH = 4
+_INT32 = range(-(2**31), 2**31)
+_INT64 = range(-(2**63), 2**63)
+_TIMESTAMP = range(0, 2**64)  # an unsigned 64-bit number on the wire
+# W3C trace context (https://www.w3.org/TR/trace-context/): version 00's exact shape, and a
+# tracestate of printable ASCII within the standard's 32 members of at most 256 characters each.
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACESTATE = re.compile(r"[\x20-\x7e]{1,8224}")
 
 
 def to_outgoing(
-    row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None
+    row: Claimed,
+    *,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
+    frame_max: int = DEFAULT_FRAME_MAX,
 ) -> Outgoing:
-    """The message for `row`; `traceparent`/`tracestate` replace the stored ones (the relay's
-    send span, when tracing is on)."""
-    if row.headers is not None and not isinstance(row.headers, dict):
-        raise MalformedRow(f"headers must be a JSON object, found {type(row.headers).__name__}")
-    headers: dict[str, Any] = dict(row.headers) if row.headers else {}
+    """The message for `row`, or MalformedRow naming the field that cannot go on the wire.
+
+    `traceparent`/`tracestate` replace the stored ones (the relay's send span, when tracing is
+    on); `frame_max` is the connection's, which the header frame must fit in."""
+    exchange = _shortstr("exchange", row.exchange)
+    routing_key = _shortstr("routing_key", row.routing_key)
+    content_type = _shortstr("content_type", row.content_type)
+    body = row.payload
+    if type(body) is not bytes:
+        if not isinstance(body, bytearray | memoryview):
+            raise MalformedRow(f"payload is stored as {type(body).__name__}, not bytes")
+        body = bytes(body)
+    headers, size = _stored_headers(row.headers)
     if row.key is not None:
-        headers[KEY_HEADER] = row.key
-    parent = traceparent or row.traceparent
+        key = _text("key", row.key)
+        headers[KEY_HEADER] = key
+        size += 1 + len(KEY_HEADER) + _str_size(key)
+    if traceparent:
+        # The relay's send span; the tracestate it carries on may still be the stored one.
+        parent: str | None = traceparent
+        state = _tracestate(tracestate)
+    else:
+        parent, state = _stored_trace(row)
     if parent:
         headers["traceparent"] = parent
-        state = tracestate if traceparent else row.tracestate
+        size += 1 + len("traceparent") + 5 + len(parent)
         if state:
             headers["tracestate"] = state
-    for name, value in headers.items():
-        if not isinstance(value, str | int | float | bool):
-            raise MalformedRow(f"header {name!r} has a {type(value).__name__} value")
-        if isinstance(value, int) and not -(2**63) <= value < 2**63:
-            raise MalformedRow(f"header {name!r}: {value} does not fit in 64 bits")
-    for what, value in (("exchange", row.exchange), ("routing_key", row.routing_key)):
-        if len(value.encode("utf-8")) > 255:
-            raise MalformedRow(f"{what} is longer than 255 bytes")
+            size += 1 + len("tracestate") + 5 + len(state)
+    created = int(row.created_at.timestamp())
+    if created not in _TIMESTAMP:
+        raise MalformedRow(f"created_at {row.created_at} is before 1970")
+    frame = _HEADER_FRAME_FIXED + _str_size(content_type) - 4 + (size if headers else 0)
+    if frame > frame_max:
+        raise MalformedRow(
+            f"headers: the properties encode to a {frame}-byte frame, over the broker's "
+            f"frame_max of {frame_max} bytes"
+        )
     props = Properties(  # float headers as AMQP doubles (outbox/amqp_codec.py)
-        content_type=row.content_type,
+        content_type=content_type,
         delivery_mode=PERSISTENT,
         message_id=str(row.id),
-        timestamp=int(row.created_at.timestamp()),
+        timestamp=created,
         headers=headers or None,
     )
-    return Outgoing(row.seq, str(row.id), row.exchange, row.routing_key, row.payload, props)
+    return Outgoing(row.seq, str(row.id), exchange, routing_key, body, props)
+
+
+def _text(what: str, value: object) -> str:
+    """A text field: a str that UTF-8 can encode, without NUL (enqueue refuses both)."""
+    if type(value) is not str:
+        raise MalformedRow(f"{what} is stored as {type(value).__name__}, not text")
+    if "\x00" in value:
+        raise MalformedRow(f"{what} contains a NUL character")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise MalformedRow(f"{what} is not valid UTF-8: {exc.reason}") from None
+    return value
+
+
+def _shortstr(what: str, value: object) -> str:
+    text = _text(what, value)
+    if len(text) > SHORTSTR_MAX // 4 and _str_size(text) - 5 > SHORTSTR_MAX:
+        raise MalformedRow(f"{what} is {_str_size(text) - 5} bytes, over AMQP's limit of 255")
+    return text
+
+
+def _str_size(value: str) -> int:
+    """Bytes of a string header value: type octet, 4-byte length, UTF-8 (already checked)."""
+    return 5 + (len(value) if value.isascii() else len(value.encode("utf-8")))
+
+
+def _stored_headers(stored: object) -> tuple[dict[str, Any], int]:
+    """The caller's headers, checked, without reserved names (those are the relay's alone), and
+    the size of their encoded table."""
+    size = _TABLE_LENGTH
+    if stored is None:
+        return {}, size
+    if isinstance(stored, UnreadableJson):  # the store's decoder could not read it
+        raise MalformedRow(f"headers are {stored.reason}")
+    if not isinstance(stored, Mapping):
+        raise MalformedRow(f"headers must be a JSON object, found {_describe(stored)}")
+    headers: dict[str, Any] = {}
+    for name, value in stored.items():
+        if type(name) is not str or not name:
+            raise MalformedRow(f"headers: a name is {name!r}, not a non-empty string")
+        lowered = name.lower()
+        if lowered in RESERVED_HEADERS or lowered.startswith(RESERVED_PREFIX):
+            continue  # the relay sets its own, or none: a stored copy is never sent
+        name_bytes = _str_size(_text(f"header name {name[:40]!r}", name)) - 4
+        if name_bytes - 1 > SHORTSTR_MAX:
+            raise MalformedRow(f"header name {name[:40]!r}... is over AMQP's limit of 255 bytes")
+        kind = type(value)
+        if kind is str:
+            size += name_bytes + _str_size(_text(f"header {name!r}", value))
+        elif kind is bool:
+            size += name_bytes + 2
+        elif kind is int:
+            if value not in _INT64:
+                raise MalformedRow(f"header {name!r}: {value} does not fit in 64 bits")
+            size += name_bytes + (5 if value in _INT32 else 9)
+        elif kind is float:
+            if not math.isfinite(value):
+                raise MalformedRow(f"header {name!r}: {value} is not a finite number")
+            size += name_bytes + 9
+        else:
+            raise MalformedRow(f"header {name!r} has a {_describe(value)} value")
+        headers[name] = value
+    return headers, size
+
+
+def _stored_trace(row: Claimed) -> tuple[str | None, str | None]:
+    """The trace context enqueue stored (W3C), checked: it becomes two headers."""
+    parent, state = row.traceparent, row.tracestate
+    if parent is None:
+        return None, None
+    if type(parent) is not str or not _TRACEPARENT.fullmatch(parent):
+        raise MalformedRow(f"traceparent {parent!r:.80} is not a W3C traceparent")
+    return parent, _tracestate(state)
+
+
+def _tracestate(state: object) -> str | None:
+    if state is None or (type(state) is str and _TRACESTATE.fullmatch(state)):
+        return state
+    raise MalformedRow(f"tracestate {state!r:.80} is not a W3C tracestate")
+
+
+def _describe(value: object) -> str:
+    text = str(value) if not isinstance(value, str | bytes) else repr(value)
+    return f"{type(value).__name__} {text[:80]}"

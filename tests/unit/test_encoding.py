@@ -12,6 +12,9 @@ from hypothesis import strategies as st
 
 import outbox
 from outbox import encoding
+from outbox.amqp_codec import encode_table
+from outbox.config import LibrarySettings, configure, settings
+from outbox.errors import HeadersTooLarge, PayloadTooDeep
 
 
 @pytest.mark.parametrize(
@@ -146,7 +149,7 @@ def test_max_attempts_must_be_positive() -> None:
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(), lambda c: st.lists(c)))
 def test_json_payloads_round_trip(value: object) -> None:
     payload = [value]
-    encoded = encoding.encode_payload(payload, None, 10**9)
+    encoded = encoding.encode_payload(payload, None, 10**9, max_depth=10**6)
     assert json.loads(encoded.body) == payload
 
 
@@ -179,3 +182,128 @@ def test_nul_characters_are_refused_in_every_text_field(
     # PostgreSQL cannot store U+0000 in text or jsonb; SQLite could, so both refuse it up front.
     with pytest.raises(error, match=rf"{field}.*NUL"):
         call()  # type: ignore[operator]
+
+
+def nested(depth: int) -> list[object]:
+    """A list `depth` levels deep."""
+    value: list[object] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("payload", "limit", "refused"),
+    [
+        (nested(64), 64, False),
+        (nested(65), 64, True),
+        (nested(5000), 64, True),  # past json.dumps' own recursion limit: no RecursionError
+        (nested(5000), 10_000, True),  # a limit past what json can encode is still an error
+        ({"a": {"b": {"c": [1]}}}, 4, False),
+        ({"a": {"b": {"c": [1]}}}, 3, True),
+        ({"brackets": "[[[[[[[[{{{{{{{{"}, 2, False),  # inside strings they are no depth
+        ([[]] * 1000, 2, False),  # wide, not deep
+    ],
+)
+def test_json_deeper_than_the_limit_is_refused(payload: object, limit: int, refused: bool) -> None:
+    if not refused:
+        encoding.encode_payload(payload, None, 10**9, max_depth=limit)
+        return
+    with pytest.raises(PayloadTooDeep, match="payload is nested more than"):
+        encoding.encode_payload(payload, None, 10**9, max_depth=limit)
+
+
+def test_a_content_type_over_255_bytes_is_refused() -> None:
+    with pytest.raises(outbox.InvalidOption, match="content_type is 400 bytes"):
+        encoding.encode_payload({}, "é" * 200, 100)
+
+
+HEADER_TABLES: list[dict[str, encoding.HeaderValue]] = [
+    {},
+    {"a": "b", "é": "ü" * 10, "t": True, "f": False, "x": 1.5},
+    {"i32": 2**31 - 1, "n32": -(2**31), "i64": 2**31, "n64": -(2**31) - 1, "m": 2**63 - 1},
+    {f"h{i}": "v" * i for i in range(100)},
+]
+
+
+@pytest.mark.parametrize("headers", HEADER_TABLES, ids=range(len(HEADER_TABLES)))
+def test_header_table_size_is_the_encoded_size(headers: dict[str, encoding.HeaderValue]) -> None:
+    pieces: list[bytes] = []
+    encode_table(pieces, dict(headers))
+    assert encoding.header_table_size(headers) == sum(len(p) for p in pieces)
+
+
+@pytest.mark.parametrize(
+    ("headers", "key", "trace", "limit", "refused"),
+    [
+        ({"a": "x" * 100}, None, None, 4 + 2 + 105, False),
+        ({"a": "x" * 100}, None, None, 4 + 2 + 104, True),
+        # the relay's own headers count too: x-outbox-key (13 + 5 + 1) and traceparent (12 + 5 + 55)
+        ({"a": "x"}, "k", None, 4 + 2 + 6 + 13 + 6, False),
+        ({"a": "x"}, "k", None, 4 + 2 + 6 + 13 + 5, True),
+        ({"a": "x"}, None, "0" * 55, 4 + 2 + 6 + 12 + 60, False),
+        ({"a": "x"}, None, "0" * 55, 4 + 2 + 6 + 12 + 59, True),
+        (None, "k" * 255, "0" * 55, 1, False),  # no caller headers: the relay's alone are small
+    ],
+)
+def test_headers_over_the_size_limit_are_refused(
+    headers: dict[str, encoding.HeaderValue] | None,
+    key: str | None,
+    trace: str | None,
+    limit: int,
+    refused: bool,
+) -> None:
+    def check() -> None:
+        encoding.check_header_size(
+            headers, key=key, traceparent=trace, tracestate=None, limit=limit
+        )
+
+    if refused:
+        with pytest.raises(HeadersTooLarge, match=r"headers encode to \d+ bytes"):
+            check()
+    else:
+        check()
+
+
+@pytest.mark.parametrize(
+    ("text", "decoded"),
+    [
+        ('{"a": 1}', {"a": 1}),
+        (b'{"a": "\xc3\xa9"}', {"a": "é"}),
+        ("[1]", [1]),
+        ('{"n": 1e400}', {"n": math.inf}),  # decodes; the relay's check refuses it
+    ],
+)
+def test_stored_json_decodes(text: str | bytes, decoded: object) -> None:
+    assert encoding.load_stored_json(text) == decoded
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("not json", "not JSON"),
+        (b"\xff", "not JSON"),
+        ("[" * 5000 + "]" * 5000, "nested too deep"),
+        (5, "not JSON"),  # SQLite: an integer in the headers column
+    ],
+)
+def test_unreadable_stored_json_is_a_value_not_an_exception(text: object, reason: str) -> None:
+    value = encoding.load_stored_json(text)  # type: ignore[arg-type]
+    assert isinstance(value, encoding.UnreadableJson)
+    assert reason in value.reason
+
+
+def test_limits_are_configurable_and_checked() -> None:
+    before = settings()
+    try:
+        now = configure(max_json_depth=3, max_header_bytes=100)
+        assert (now.max_json_depth, now.max_header_bytes) == (3, 100)
+        for bad in (0, -1):
+            with pytest.raises(ValueError, match="must be positive"):
+                configure(max_header_bytes=bad)
+        with pytest.raises(TypeError, match="max_json_depth must be an integer"):
+            configure(max_json_depth=True)
+    finally:
+        configure(max_json_depth=before.max_json_depth, max_header_bytes=before.max_header_bytes)
+    assert LibrarySettings().max_json_depth == 64
+    assert LibrarySettings().max_header_bytes == 16 * 1024
