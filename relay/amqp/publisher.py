@@ -148,11 +148,19 @@ class Publisher:
 
     # ----------------------------------------------------------------- connection
 
+    @property
+    def alive(self) -> bool:
+        """Whether the IO thread runs (before start and after stop: True, nothing to settle).
+        A callback that raised ends it: nothing would be settled any more."""
+        thread = self._thread
+        return thread is None or thread.is_alive()
+
     def _run(self) -> None:
         self._ioloop.call_later(1.0, self._check_confirm_timeouts)
         try:
             self._ioloop.start()
         finally:
+            self.ready = False  # nothing publishes without this thread (the loop claims nothing)
             self._fail_everything("publisher stopped before the broker confirmed")
 
     def _connect(self) -> None:
