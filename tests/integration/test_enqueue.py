@@ -30,6 +30,13 @@ def small_limit() -> Iterator[int]:
     outbox.configure(max_payload_bytes=before)
 
 
+def nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 def base(**overrides: Any) -> dict[str, Any]:
     args: dict[str, Any] = {"exchange": "orders", "routing_key": "order.created", "payload": {}}
     args.update(overrides)
@@ -55,6 +62,19 @@ INVALID: list[tuple[str, dict[str, Any], type[outbox.OutboxError], str]] = [
         "negative",
     ),
     ("nan-delay", base(delay=float("nan")), outbox.InvalidOption, "delay"),
+    # What could not be delivered: too deep, too large for a frame, too long for AMQP, NUL.
+    ("json-5000-deep", base(payload=nested(5000)), outbox.PayloadEncodingError, "nested"),
+    ("json-65-deep", base(payload={"a": nested(64)}), outbox.PayloadEncodingError, "64 levels"),
+    (
+        "headers-over-16-KiB",
+        base(headers={"big": "x" * 16 * 1024}),
+        outbox.InvalidHeader,
+        "headers encode to",
+    ),
+    ("content-type-200-e", base(content_type="é" * 200), outbox.InvalidOption, "content_type"),
+    ("nul-routing-key", base(routing_key="order.\x00evil"), outbox.InvalidDestination, "NUL"),
+    ("nul-header-value", base(headers={"h": "a\x00"}), outbox.InvalidHeader, "NUL"),
+    ("nul-key", base(key="k\x00"), outbox.InvalidOption, "NUL"),
 ]
 
 
@@ -98,6 +118,17 @@ def test_payload_over_the_size_limit_raises_and_writes_nothing(
         with pytest.raises(outbox.PayloadTooLarge, match="66 bytes"):
             outbox.enqueue(conn, **base(payload=["é" * 31]))  # 35 characters, 66 bytes
     assert row_count(app_engine) == 2
+
+
+def test_the_transaction_writes_on_after_every_refusal(app_engine: Engine) -> None:
+    """Each refusal happens before any SQL: on PostgreSQL the transaction is not aborted, and
+    the caller's later writes in it commit."""
+    with Session(app_engine) as session, session.begin():
+        for name, args, error, _ in INVALID:
+            with pytest.raises(error):
+                outbox.enqueue(session, **args)
+            outbox.enqueue(session, **base(payload={"after": name}))
+    assert row_count(app_engine) == len(INVALID)
 
 
 def test_an_invalid_call_leaves_earlier_rows_of_the_transaction_alone(app_engine: Engine) -> None:
