@@ -15,6 +15,7 @@ from relay.core.circuit import Circuit
 from relay.core.outcome import Outcome
 from relay.core.policy import Dead, Retry
 from relay.core.retention import RetentionPolicy
+from relay.errors import RelayError
 
 T = TypeVar("T")
 
@@ -38,6 +39,9 @@ class Claimed:
     created_at: dt.datetime
     traceparent: str | None
     tracestate: str | None
+    # The last lease on it ended unsettled (its relay died holding it): it is claimed alone and
+    # must be published with nothing else in flight (relay/store/common.py, ALONE).
+    suspect: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +99,18 @@ class Store(Protocol):
         """Apply retry/dead decisions where `token` still holds the lease; record the attempts."""
 
     def reclaim_expired(self, *, relay_id: str = "", max_attempts: int = 10) -> int:
-        """Return rows whose lease expired (their relay died or stalled) to the ready set."""
+        """Return rows whose lease expired (their relay died or stalled) to the ready set, as
+        suspects; a row that was claimed alone is charged the attempt (dead past its attempts)."""
+
+    def abandon(
+        self, token: uuid.UUID, *, error: str, relay_id: str = "", max_attempts: int = 10
+    ) -> int:
+        """Do to the rows `token` holds what reclaim_expired does to an expired lease, now: this
+        relay is crashing and one of them may be why."""
 
     def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
-        """One bounded retention pass: delete the terminal messages `policy` says have expired."""
+        """One bounded retention pass: delete the terminal messages `policy` says have expired.
+        Raises DatabaseUnavailable, or RetentionFailed for any other database error."""
 
     def heartbeat(self, relay_id: str) -> None:
         """Say this relay is alive (outbox_relay)."""
@@ -139,6 +151,11 @@ class Outgoing:
     properties: Any  # the broker client's message properties (pika.BasicProperties)
 
 
+class RetentionFailed(RelayError):
+    """A retention pass failed for a reason other than an outage (housekeeping: the relay goes
+    on, and tries again after the policy's interval)."""
+
+
 class MalformedRow(ValueError):
     """A stored row cannot be turned into a message: it would fail the same way forever."""
 
@@ -150,6 +167,10 @@ Done = Callable[[list[Outcome]], None]
 class Publisher(Protocol):
     ready: bool  # connected, with somewhere to publish
     blocked: bool  # the broker pushes back (a resource alarm): publish nothing new
+
+    @property
+    def alive(self) -> bool:
+        """Whether the publisher can still settle what it is given (its IO thread runs)."""
 
     def encode(
         self, row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None

@@ -136,17 +136,26 @@ class ResourceGuard:
 
         self._change(part, fn)
 
-    def record(self, results: Mapping[str, Sequence[str | None]]) -> dict[str, list[bool]]:
+    def record(
+        self,
+        results: Mapping[str, Sequence[str | None]],
+        burns: dict[str, list[bool]] | None = None,
+    ) -> dict[str, list[bool]]:
         """Record publish results per part (None: confirmed; text: a resource failure).
 
         Returns, per part, whether each failure burns an attempt. Parts whose circuit is
         closed with nothing counted and that only succeeded are not written at all: the
-        common case costs no database round trip.
+        common case costs no database round trip. `burns` collects the answers as each part
+        is written: a part already in it is skipped, so a call that failed half way (the
+        database) can be repeated without counting the earlier parts twice.
         """
-        burns: dict[str, list[bool]] = {}
+        burns = {} if burns is None else burns
         for part, outcomes in results.items():
+            if part in burns:
+                continue  # counted by an earlier call for the same batch
             failed = any(r is not None for r in outcomes)
             if not failed and self.circuit(part).pristine:
+                burns[part] = []
                 continue
             part_burns: list[bool] = []
 

@@ -4,6 +4,10 @@ Each claim is the main claim (every resource but those with an open circuit or a
 then one probe per circuit whose cooldown is over and each rate-limited resource's share of
 tokens. Claims are pipelined: while one batch waits for its confirms the next is claimed and
 published, up to `max_in_flight` messages.
+
+A suspect (a row whose relay died holding it; the store claims one alone) is quarantined: it is
+published only once nothing else is in flight, and nothing else is claimed until it settles. If
+it kills this relay too, it is the only row that dies with it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Claimer:
         self._next_claim = 0.0
         self._empty = 0  # consecutive claims that found nothing
         self._db_backoff = 0.0
+        self._suspect: Lease | None = None  # a quarantined suspect, sent or waiting to be
 
     # ----------------------------------------------------------------- pacing
 
@@ -64,7 +69,11 @@ class Claimer:
         config, publisher = self._config, self._publisher
         if not publisher.ready:
             return now + 0.1
-        if publisher.blocked or self._leases.in_flight >= config.max_in_flight:
+        if (
+            publisher.blocked
+            or self._suspect is not None  # a settlement (an inbox event) moves it on
+            or self._leases.in_flight >= config.max_in_flight
+        ):
             # Nothing to claim until a batch settles or the broker unblocks. Returning `now`
             # here would spin and starve the publisher thread of the GIL.
             return now + config.poll_interval
@@ -83,6 +92,8 @@ class Claimer:
             return
         if publisher.blocked:
             return  # the broker is pushing back (resource alarm): claim nothing new
+        if self._quarantined(now):
+            return
         room = config.max_in_flight - self._leases.in_flight
         limit = min(config.batch_size, room)
         if limit <= 0:
@@ -90,8 +101,9 @@ class Claimer:
         guard = self._guard
         guard.refresh()
         claimed = self._claim(counts, limit, now, exclude=guard.exclude())
-        counts.full_batch = claimed == limit
-        claimed += self._claim_guarded(counts, room - claimed, now)
+        counts.full_batch = claimed == limit and self._suspect is None
+        if self._suspect is None:
+            claimed += self._claim_guarded(counts, room - claimed, now)
         self._db_backoff = 0.0
         if claimed:
             self._empty = 0
@@ -135,7 +147,7 @@ class Claimer:
         guard = self._guard
         claimed = 0
         for part in guard.probes_due():
-            if claimed >= room:
+            if claimed >= room or self._suspect is not None:
                 return claimed
             # Only probe with a message in hand: an idle resource keeps its circuit open (its
             # cooldown over), and its next message is the probe.
@@ -146,7 +158,7 @@ class Claimer:
                 claimed += got
         for part in guard.rate_parts_due():
             want = min(self._config.batch_size, room - claimed)
-            if want <= 0:
+            if want <= 0 or self._suspect is not None:
                 break
             granted = guard.take_tokens(part, want)
             if granted:
@@ -155,8 +167,30 @@ class Claimer:
                 claimed += got
         return claimed
 
+    def _quarantined(self, now: float) -> bool:
+        """Whether a suspect holds claiming: it waits for the rest to settle, then goes alone."""
+        lease = self._suspect
+        if lease is None:
+            return False
+        if self._leases.get(lease.token) is not lease:  # settled, or given back
+            self._suspect = None
+            return False
+        if lease.sent_at is None and self._leases.in_flight == len(lease.rows):
+            self._publish(lease, now)
+        return True
+
     def _send(self, token: uuid.UUID, rows: list[Claimed], now: float) -> None:
         lease = self._leases[token] = Lease(token, {r.seq: r for r in rows}, now)
+        if len(rows) == 1 and rows[0].suspect:  # the store claims a suspect alone
+            lease.suspect = True
+            self._suspect = lease
+            self._quarantined(now)  # at once if nothing else is in flight
+            return
+        self._publish(lease, now)
+
+    def _publish(self, lease: Lease, now: float) -> None:
+        lease.sent_at = now
+        token, rows = lease.token, list(lease.rows.values())
         items: list[Outgoing] = []
         broken: list[Outcome] = []
         encode = self._publisher.encode

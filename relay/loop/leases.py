@@ -20,6 +20,9 @@ class Lease:
     rows: dict[int, Claimed]
     extended_at: float  # clock time of the claim or of the last extension
     spans: dict[int, Span] = field(default_factory=dict)  # send spans, when tracing is on
+    sent_at: float | None = None  # clock time it was handed to the publisher (None: not yet)
+    suspect: bool = False  # a suspect claimed alone: nothing else may be in flight with it
+    overdue: bool = False  # past max_batch_life: settled as unconfirmed without the publisher
 
 
 class Leases(dict[uuid.UUID, Lease]):
@@ -38,4 +41,7 @@ class Finished:
     outcomes: list[Outcome]
     # Decided once (the circuits have counted these outcomes), kept if the database fails.
     settlement: Settlement | None = None
+    # What the circuits answered so far, per resource part: a part already counted is not
+    # counted again when the database fails half way through and the batch is decided again.
+    burns: dict[str, list[bool]] = field(default_factory=dict)
     marked: bool = False  # confirmed rows already marked (the failures may still be pending)

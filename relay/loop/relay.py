@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Callable
 
+from relay.core.outcome import Fate, Outcome
 from relay.errors import DatabaseUnavailable
 from relay.loop.circuits import ResourceGuard
 from relay.loop.claimer import Claimer
@@ -26,7 +27,7 @@ from relay.loop.maintenance import Maintenance
 from relay.loop.observer import Observer
 from relay.loop.settings import LoopSettings
 from relay.loop.settler import Settler
-from relay.ports import Publisher, Store
+from relay.ports import Publisher, RetentionFailed, Store
 
 log = logging.getLogger("relay")
 
@@ -81,7 +82,10 @@ class Relay:
         )
         self.maintenance = Maintenance(store, config, leases=self._leases, wall=wall)
         self.summary = Counts()  # the sum of every pass so far
-        self.heartbeat = clock()  # when the loop last turned (for /healthz)
+        # When the loop last turned able to publish (for /healthz): a loop whose publisher's IO
+        # thread died turns on, but nothing it claims could ever settle, so it is not alive.
+        self.heartbeat = clock()
+        self._crashed = False  # run() is ending on an exception: release_all abandons
 
     # ----------------------------------------------------------------- control
 
@@ -92,6 +96,12 @@ class Relay:
     def wake(self) -> None:
         """A message was committed: claim now instead of at the next poll."""
         self._inbox.put(_WAKE)
+
+    def problem(self) -> str | None:
+        """Why this relay cannot do its work, or None (for /healthz)."""
+        if not self.publisher.alive:
+            return "the publisher's IO thread has stopped"
+        return None
 
     @property
     def in_flight(self) -> int:
@@ -108,6 +118,7 @@ class Relay:
         self._settle(counts)
         upkeep = self.maintenance
         if now >= upkeep.next_upkeep:
+            self._give_up_overdue(now)
             try:
                 upkeep.upkeep(counts, now)
             except DatabaseUnavailable as exc:
@@ -118,6 +129,9 @@ class Relay:
                 upkeep.purge(retention, now)
             except DatabaseUnavailable as exc:
                 self._db_failed("retention", exc)
+            except RetentionFailed as exc:
+                # Housekeeping: the relay goes on; the pass is tried again after its interval.
+                log.error("relay.retention_failed", extra={"error": str(exc)})
         if not self._stopping:
             try:
                 self.claimer.claim(counts, now)
@@ -151,6 +165,26 @@ class Relay:
         elif event is _WAKE:
             self.claimer.claim_soon()
 
+    def _give_up_overdue(self, now: float) -> None:
+        """Settle as unconfirmed every batch the publisher has held past max_batch_life.
+
+        A batch normally settles within the confirm timeout; one that has not (an IO thread
+        that died, a message queued on a channel that never opened) would otherwise keep its
+        rows leased for ever, its lease extended at every upkeep. Not the messages' fault, so
+        no attempt is charged; the publisher's late answer, if any, finds no lease and is
+        ignored."""
+        life = self.config.max_batch_life
+        for lease in list(self._leases.values()):
+            if lease.sent_at is None or lease.overdue or now - lease.sent_at <= life:
+                continue
+            lease.overdue = True
+            why = f"no outcome from the publisher within {life:g} s"
+            outcomes = [
+                Outcome(seq, Fate.UNCONFIRMED, why, connection_lost=True) for seq in lease.rows
+            ]
+            log.error("relay.batch_overdue", extra={"messages": len(outcomes), "error": why})
+            self.settler.add(Finished(lease.token, outcomes))
+
     def _db_failed(self, what: str, exc: Exception) -> None:
         self.claimer.back_off()
         log.error("relay.db_error", extra={"during": what, "error": str(exc)})
@@ -160,12 +194,17 @@ class Relay:
     def run(self) -> Counts:
         """Relay until `request_stop()`; then drain in-flight confirms and return the summary."""
         log.info("relay.started", extra={"relay_id": self.config.relay_id})
-        while not self._stopping:
-            self.heartbeat = self._clock()
-            if self.run_once().full_batch:
-                continue  # backlog: claim the next batch at once
-            self._wait(self._wait_time())
-        self._drain()
+        try:
+            while not self._stopping:
+                if self.publisher.alive:
+                    self.heartbeat = self._clock()
+                if self.run_once().full_batch:
+                    continue  # backlog: claim the next batch at once
+                self._wait(self._wait_time())
+            self._drain()
+        except Exception:
+            self._crashed = True  # one of the rows in flight may be why (release_all)
+            raise
         with contextlib.suppress(DatabaseUnavailable):  # if so, its heartbeat just ages out
             self.store.forget_relay(self.config.relay_id)
         summary = self.summary
@@ -210,14 +249,28 @@ class Relay:
             self.release_all("relay stopped before the broker confirmed")
 
     def release_all(self, why: str) -> int:
-        """Give back every row this relay still holds (shutdown): others may take them at once."""
+        """Give back every row this relay still holds (shutdown): others may take them at once.
+
+        Rows given back unsent cost no attempt. After a crash, the rows that were sent are
+        given up as their lease running out would (Store.abandon): suspects, to be published
+        alone, and the one claimed alone charged for it, so a row that crashes the relay
+        every time ends dead, and alone."""
         counts = Counts()
         self._settle(counts)  # settle whatever did finish first
+        config = self.config
         for token, lease in list(self._leases.items()):
             try:
-                counts.released += self.store.release(
-                    token, list(lease.rows), delay_seconds=0.0, error=why
-                )
+                if self._crashed and lease.sent_at is not None:
+                    counts.released += self.store.abandon(
+                        token,
+                        error=f"relay {config.relay_id} crashed before it settled: {why}",
+                        relay_id=config.relay_id,
+                        max_attempts=config.policy.max_attempts,
+                    )
+                else:
+                    counts.released += self.store.release(
+                        token, list(lease.rows), delay_seconds=0.0, error=why
+                    )
             except DatabaseUnavailable as exc:
                 log.error("relay.release_failed", extra={"error": str(exc)})
                 continue

@@ -75,7 +75,7 @@ class Settler:
             permanent=config.policy.permanent,
         )
         # The circuits count first: whether a failure burns an attempt depends on its circuit.
-        burns = guard.record(triaged.circuits) if triaged.circuits else {}
+        burns = guard.record(triaged.circuits, finished.burns) if triaged.circuits else {}
         return settle(triaged, burns, policy=config.policy, now=self._wall(), rng=self._rng)
 
     def _settle(self, finished: Finished, counts: Counts) -> None:

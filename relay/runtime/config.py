@@ -54,6 +54,10 @@ class RelayConfig:
     lease_seconds: float = 30.0  # a claim not settled by then is taken over by another relay
     confirm_timeout: float = 20.0  # seconds to wait for a broker confirm before giving up
     drain_timeout: float = 20.0  # seconds to wait for in-flight confirms on shutdown
+    # Seconds a sent batch may wait for its outcomes before the loop settles it as unconfirmed
+    # (None: 3 x confirm_timeout); see max_batch_life.
+    batch_life: float | None = None
+    statement_timeout: float = 30.0  # seconds before the database cancels a relay statement
     reclaim_interval: float = 5.0  # seconds between sweeps for expired leases
     sweep_interval: float = 5.0  # seconds between sweeps for keys freed by a dead or cancelled head
     listen: bool = True  # PostgreSQL: LISTEN for enqueue notifications (polling continues)
@@ -71,6 +75,12 @@ class RelayConfig:
     # /healthz, /readyz and /metrics on this port (0: off), on http_host.
     http_port: int = 0
     http_host: str = "0.0.0.0"  # noqa: S104 - probes come from the orchestrator, not localhost
+
+    @property
+    def max_batch_life(self) -> float:
+        """How long a sent batch may wait for the publisher: past it, its rows are settled as
+        unconfirmed (no attempt charged) rather than leased for ever."""
+        return self.batch_life if self.batch_life is not None else 3 * self.confirm_timeout
 
     @property
     def hold_dead_keys(self) -> bool:
@@ -107,6 +117,13 @@ class RelayConfig:
             )
         if p.max_age is not None and p.max_age <= 0:
             raise ConfigError(f"max age must be positive, got {p.max_age}")
+        if self.max_batch_life <= self.confirm_timeout:
+            raise ConfigError(
+                f"max batch life ({self.max_batch_life:g}) must be longer than confirm_timeout "
+                f"({self.confirm_timeout:g}), or batches would be given up before the broker could"
+                " answer"
+            )
+        _positive("statement_timeout", self.statement_timeout)
         if self.lease_seconds <= self.confirm_timeout:
             raise ConfigError(
                 f"lease_seconds ({self.lease_seconds}) must be longer than confirm_timeout "
@@ -473,6 +490,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--drain-timeout", "OUTBOX_DRAIN_TIMEOUT", "drain_timeout", non_negative_number,
             "seconds to wait for in-flight confirms on shutdown", show=_seconds,
             metavar="SECONDS"),
+    Setting("--max-batch-life", "OUTBOX_MAX_BATCH_LIFE", "batch_life", positive_number,
+            "seconds a published batch may wait for the broker's answers before its messages "
+            "are retried (default: 3 x --confirm-timeout)",
+            show=lambda v: "3 x confirm timeout" if v is None else _seconds(v),
+            metavar="SECONDS"),
+    Setting("--statement-timeout", "OUTBOX_STATEMENT_TIMEOUT", "statement_timeout",
+            positive_number, "seconds before PostgreSQL cancels one of the relay's statements",
+            show=_seconds, metavar="SECONDS"),
 )  # fmt: skip
 
 

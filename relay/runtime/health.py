@@ -1,7 +1,8 @@
 """The relay's HTTP endpoint: /healthz (liveness), /readyz (readiness) and /metrics (Prometheus).
 
-    /healthz  200 while the loop turns (it did within `stale_after` seconds), else 503: a stuck
-              relay is restarted by its orchestrator.
+    /healthz  200 while the loop turns able to publish (it did within `stale_after` seconds,
+              and `problem` names none), else 503 with the reason: a stuck relay, or one whose
+              publisher's IO thread died, is restarted by its orchestrator.
     /readyz   200 when the database answers and the broker connection is open, else 503 with a
               JSON body saying which is not.
     /metrics  the relay's OpenTelemetry metrics in the Prometheus text format.
@@ -39,6 +40,7 @@ class HealthServer:
         broker_ready: Callable[[], bool],
         registry: CollectorRegistry | None,
         clock: Callable[[], float] = time.monotonic,
+        problem: Callable[[], str | None] = lambda: None,  # why the relay cannot work, if so
     ) -> None:
         server = self
 
@@ -60,6 +62,7 @@ class HealthServer:
         self._broker_ready = broker_ready
         self._registry = registry
         self._clock = clock
+        self._problem = problem
         self._httpd = ThreadingHTTPServer((host, port), Handler)
         self._httpd.daemon_threads = True
         self.port = int(self._httpd.server_address[1])
@@ -79,11 +82,14 @@ class HealthServer:
     def answer(self, path: str) -> tuple[int, str, bytes]:
         if path == "/healthz":
             age = self._clock() - self._heartbeat()
-            ok = age <= self._stale_after
+            problem = self._problem()
+            ok = age <= self._stale_after and problem is None
             # Before the loop's first turn (still connecting) the age is infinite: JSON null.
             shown = round(age, 3) if age != float("inf") else None
-            return _json(200 if ok else 503, {"status": "ok" if ok else "stalled",
-                                             "loop_age_s": shown})  # fmt: skip
+            body: dict[str, Any] = {"status": "ok" if ok else "stalled", "loop_age_s": shown}
+            if problem is not None:
+                body["problem"] = problem
+            return _json(200 if ok else 503, body)
         if path == "/readyz":
             checks: dict[str, str] = {}
             try:

@@ -54,6 +54,18 @@ def unpark_sweep(*, blocking: str) -> str:
     return _UNPARK_SWEEP.format(head=is_head("f", blocking=blocking))
 
 
+# ------------------------------------------------------------------------ crash isolation
+
+# SUSPECTS. A row whose lease ended without a settlement (its relay died, or crashed, holding it)
+# may be what killed the relay, or may have been in flight beside it. Such a row goes back to
+# pending as a *suspect*: its lease_expires_at stays set (every other pending row has none). The
+# claim takes a suspect alone, and stamps it with ALONE in last_error (which nothing else writes
+# while a row is in flight); the relay publishes it with nothing else in flight. When a lease ends
+# unsettled again, a row claimed alone is charged the attempt (and dies past its attempts); any
+# other row is charged nothing. So a message that kills every relay that claims it dead-letters
+# itself alone, and the rows in flight beside it are delivered.
+ALONE = "claimed alone: the last lease on it ended before it settled (its relay died)"
+
 # ------------------------------------------------------------------------ resources
 
 # How a message row names its part of a resource, per scope (the relay's --circuit-scope; the

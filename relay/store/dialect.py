@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Connection,
     DateTime,
     Float,
@@ -85,6 +86,7 @@ CLAIMED_COLUMNS: Mapping[str, TypeEngine[Any]] = {
     "created_at": TIME,
     "traceparent": String(),
     "tracestate": String(),
+    "suspect": Boolean(),  # claimed alone (common.ALONE)
 }
 RESOURCE_COLUMNS: Mapping[str, TypeEngine[Any]] = {
     "resource": String(),
@@ -166,6 +168,9 @@ class Dialect(ABC):
     listen: ClassVar[str | None] = None
     # Statements run on every new connection (session settings).
     on_connect: ClassVar[tuple[str, ...]] = ()
+    # The driver-level statement that sets a statement timeout (one parameter: milliseconds, as
+    # text), where the database has one.
+    statement_timeout: ClassVar[str | None] = None
 
     def __init__(self, *, hold: bool = True, scope: str = "exchange") -> None:
         if scope not in common.RESOURCE_PARTS:
@@ -186,8 +191,11 @@ class Dialect(ABC):
         to a statement that will fail the same way every time."""
 
     @classmethod
-    def engine_options(cls, *, pool_size: int) -> dict[str, Any]:
-        """create_engine's arguments for a relay engine of this database."""
+    def engine_options(
+        cls, *, pool_size: int, statement_timeout: float | None, pool_timeout: float
+    ) -> dict[str, Any]:
+        """create_engine's arguments for a relay engine of this database (statement_timeout in
+        seconds, None for none)."""
         return {}
 
     @abstractmethod
@@ -198,8 +206,10 @@ class Dialect(ABC):
     def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         """Lease up to :limit ready rows; return them with CLAIMED_COLUMNS (in no set order).
 
+        When the best candidates include a suspect (common.ALONE), only that one is claimed.
+
         params: owner, token, limit, scan (keyed candidates looked at), lease_seconds,
-        exclude (resource parts passed by), only (the one part wanted, or None), now."""
+        exclude (resource parts passed by), only (the one part wanted, or None), alone, now."""
 
     @abstractmethod
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
@@ -216,8 +226,14 @@ class Dialect(ABC):
 
     @abstractmethod
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
-        """Return rows whose lease expired to pending (dead past their attempts), recording an
-        ambiguous attempt for each; return how many. params: relay_id, max_attempts, now."""
+        """Return rows whose lease expired to pending as suspects (a row claimed alone: dead
+        past its attempts), recording an ambiguous attempt for each; return how many.
+        params: relay_id, max_attempts, alone, now."""
+
+    @abstractmethod
+    def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
+        """What reclaim_expired does to an expired lease, now, to the rows :token holds (their
+        relay is crashing). params: token, error, relay_id, max_attempts, alone, now."""
 
     @abstractmethod
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:

@@ -49,15 +49,21 @@ from relay.store.dialect import (
 # resources in :exclude (open circuits, rate-limited destinations) are passed by, so they never
 # take a place in a batch; :only, when not null, claims for that one resource (a probe, or the
 # share a rate limit allows).
+#
+# Suspects (common.ALONE): a pending row with a lease_expires_at is one whose last lease ended
+# unsettled, its relay having died holding it. When the best :limit candidates include one, the
+# claim takes that one alone (and marks it claimed alone, :alone): the relay publishes it with
+# nothing else in flight, so a message that kills its relay can only take itself down.
 _CLAIM = """
 WITH unkeyed AS (
-    SELECT seq, priority, available_at FROM outbox_message
+    SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect
+    FROM outbox_message
     WHERE state = 'pending' AND key IS NULL AND available_at <= coalesce(:now, now()) {filter}
     ORDER BY priority DESC, available_at, seq
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), keyed AS (
-    SELECT seq, priority, available_at, {head} AS head
+    SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect, {head} AS head
     FROM outbox_message AS m
     WHERE state = 'pending' AND key IS NOT NULL AND NOT held
       AND available_at <= coalesce(:now, now()) {filter}
@@ -69,25 +75,31 @@ WITH unkeyed AS (
     FROM keyed WHERE p.seq = keyed.seq AND NOT keyed.head
     RETURNING p.seq
 ), ready AS (
-    SELECT seq FROM (
-        SELECT seq, priority, available_at FROM unkeyed
+    SELECT seq, priority, available_at, suspect FROM (
+        SELECT seq, priority, available_at, suspect FROM unkeyed
         UNION ALL
-        SELECT seq, priority, available_at FROM keyed WHERE head
+        SELECT seq, priority, available_at, suspect FROM keyed WHERE head
     ) AS both_kinds
     ORDER BY priority DESC, available_at, seq
     LIMIT :limit
+), chosen AS (
+    SELECT seq, suspect FROM ready WHERE NOT EXISTS (SELECT 1 FROM ready WHERE suspect)
+    UNION ALL
+    (SELECT seq, suspect FROM ready WHERE suspect ORDER BY priority DESC, available_at, seq
+     LIMIT 1)
 )
 UPDATE outbox_message AS m
 SET state = 'in_flight',
     attempts = m.attempts + 1,
     lease_owner = :owner,
     lease_token = :token,
-    lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds)
-FROM ready
-WHERE m.seq = ready.seq
+    lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds),
+    last_error = CASE WHEN chosen.suspect THEN :alone ELSE m.last_error END
+FROM chosen
+WHERE m.seq = chosen.seq
 RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type, m.headers, m.key,
           m.priority, m.attempts, m.max_attempts, m.available_at, m.created_at, m.traceparent,
-          m.tracestate
+          m.tracestate, chosen.suspect
 """
 _RESOURCE_FILTER = """
       AND NOT ({resource} = ANY(CAST(:exclude AS text[])))
@@ -128,13 +140,17 @@ WITH done AS (
 SELECT count(*) FROM done
 """
 
-# Rows a relay gives back (it is stopping before the broker confirmed them): pending again, due
-# after :delay_seconds, so another relay may take them. Lease-guarded like MARK_PUBLISHED.
+# Rows a relay gives back unsent (it is stopping before the broker confirmed them): pending again,
+# due after :delay_seconds, so another relay may take them. The claim counted an attempt that never
+# happened, so it is given back (never below zero). A suspect stays one (common.ALONE).
+# Lease-guarded like MARK_PUBLISHED.
 RELEASE = """
 UPDATE outbox_message
 SET state = 'pending',
     available_at = coalesce(:now, now()) + make_interval(secs => :delay_seconds),
-    last_error = :error, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    attempts = greatest(attempts - 1, 0),
+    lease_expires_at = CASE WHEN last_error = :alone THEN coalesce(:now, now()) END,
+    last_error = :error, lease_owner = NULL, lease_token = NULL
 WHERE seq = ANY(CAST(:seqs AS bigint[])) AND lease_token = :token AND state = 'in_flight'
 """
 
@@ -179,34 +195,46 @@ FROM settled
 # A lease that expired means its relay died or stalled after claiming: the broker may or may not
 # have the message, so it is republished (same message id) and the attempt is recorded as
 # ambiguous. available_at is left alone: it is in the past, so the row keeps its place in line.
-# A row that has used up its attempts this way (a message that kills every relay that claims
-# it) goes to dead instead of coming round again. :max_attempts is the relay's default; a
-# per-exchange override is not consulted here. SKIP LOCKED: two relays reclaiming at once take
-# disjoint rows instead of one waiting for the other.
-RECLAIM_EXPIRED = """
+#
+# Which message killed the relay is unknown unless it was alone (common.ALONE): a row claimed
+# alone (last_error = :alone) is charged the attempt and goes to dead once it has used up its
+# attempts; any other is charged nothing and becomes a suspect (lease_expires_at stays set), to
+# be claimed alone next. So a message that kills every relay that claims it dead-letters itself
+# only. :max_attempts is the relay's default; a per-exchange override is not consulted here.
+# SKIP LOCKED: two relays reclaiming at once take disjoint rows instead of one waiting.
+#
+# {where} picks the rows: an expired lease (RECLAIM_EXPIRED), or one token's rows whose relay
+# is crashing and gives them up now (ABANDON). {error} is the reason recorded.
+_RECLAIM = """
 WITH expired AS (
-    SELECT seq, lease_owner FROM outbox_message
-    WHERE state = 'in_flight' AND lease_expires_at < coalesce(:now, now())
+    SELECT seq, lease_owner, last_error = :alone AS alone FROM outbox_message
+    WHERE state = 'in_flight' AND {where}
     FOR UPDATE SKIP LOCKED
 ), reclaimed AS (
     UPDATE outbox_message AS m
-    SET state = CASE WHEN m.attempts >= coalesce(m.max_attempts, :max_attempts)
+    SET state = CASE WHEN expired.alone AND m.attempts >= coalesce(m.max_attempts, :max_attempts)
                      THEN 'dead' ELSE 'pending' END,
-        last_error = 'lease held by ' || coalesce(expired.lease_owner, '?')
-                     || ' expired before it settled',
+        attempts = CASE WHEN expired.alone THEN m.attempts ELSE greatest(m.attempts - 1, 0) END,
+        last_error = {error},
         last_failed_at = coalesce(:now, now()),
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+        lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
     FROM expired
     WHERE m.seq = expired.seq
-    RETURNING m.id, m.attempts, m.last_error, m.state, m.last_failed_at
+    RETURNING m.id, m.attempts, m.last_error, m.state, m.last_failed_at, expired.alone
 )
 INSERT INTO outbox_attempt
     (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
-SELECT id, attempts, last_failed_at, :relay_id, 'ambiguous',
-       CASE WHEN state = 'dead' THEN 'dead' ELSE 'retry' END, last_error,
-       CASE WHEN state = 'dead' THEN NULL ELSE last_failed_at END
+SELECT id, CASE WHEN alone THEN attempts ELSE attempts + 1 END, last_failed_at, :relay_id,
+       'ambiguous',
+       CASE WHEN state = 'dead' THEN 'dead' WHEN alone THEN 'retry' ELSE 'deferred' END,
+       last_error, CASE WHEN state = 'dead' THEN NULL ELSE last_failed_at END
 FROM reclaimed
 """
+RECLAIM_EXPIRED = _RECLAIM.format(
+    where="lease_expires_at < coalesce(:now, now())",
+    error="'lease held by ' || coalesce(expired.lease_owner, '?') || ' expired before it settled'",
+)
+ABANDON = _RECLAIM.format(where="lease_token = :token", error=":error")
 
 # ------------------------------------------------------------------------ resources, relays
 
@@ -296,6 +324,9 @@ class Postgres(Dialect):
     # The row lock comes from FOR UPDATE in LOCK_RESOURCE; BEGIN only keeps it to the COMMIT.
     begin = "BEGIN"
     listen = LISTEN
+    # Set on each new connection, in milliseconds as text (a URL's own `options` stay as given).
+    # A cancelled statement (57014) is transient: the loop retries it.
+    statement_timeout = "SELECT set_config('statement_timeout', %s, false)"
 
     def _prepare(self, *, blocking: str, resource: str) -> Statements:
         claim = _CLAIM.format(
@@ -306,6 +337,7 @@ class Postgres(Dialect):
         self._mark = compile_sql(MARK_PUBLISHED)
         self._settle = compile_sql(SETTLE_FAILURES)
         self._reclaim = compile_sql(RECLAIM_EXPIRED)
+        self._abandon = compile_sql(ABANDON)
         self._purge = compile_sql(PURGE_BATCH)
         return Statements(
             has_ready=compile_sql(_HAS_READY.format(resource=resource)),
@@ -332,10 +364,13 @@ class Postgres(Dialect):
         return classify_db_error(sqlstate) is DbFailure.TRANSIENT
 
     @classmethod
-    def engine_options(cls, *, pool_size: int) -> dict[str, Any]:
+    def engine_options(
+        cls, *, pool_size: int, statement_timeout: float | None, pool_timeout: float
+    ) -> dict[str, Any]:
         return {
             "pool_size": pool_size,
             "max_overflow": 2,
+            "pool_timeout": pool_timeout,
             "connect_args": {"connect_timeout": 5, "application_name": "outbox-relay"},
         }
 
@@ -367,6 +402,9 @@ class Postgres(Dialect):
 
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
         return conn.execute(self._reclaim, params).rowcount
+
+    def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
+        return conn.execute(self._abandon, params).rowcount
 
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
         count, last = conn.execute(self._purge, params).one()

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from outbox.migrate import current_version
 from outbox.schema import is_missing_table
@@ -23,8 +24,9 @@ from relay.core.circuit import Circuit, CircuitState
 from relay.core.policy import Dead, Retry
 from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable, RelayError, SchemaNotFound
-from relay.ports import Claimed, ResourceRow, StateCounts, T
+from relay.ports import Claimed, ResourceRow, RetentionFailed, StateCounts, T
 from relay.store import retention
+from relay.store.common import ALONE
 from relay.store.databases import DIALECTS, database_url, dialect_for
 
 ERROR_MAX = 2000  # characters of error text kept per attempt
@@ -44,7 +46,8 @@ class SqlStore:
     """The relay's store on a SQLAlchemy engine (any database in databases.DIALECTS).
 
     `clock` is the time bound as `:now` into every statement; None (the default) means the
-    database's own clock. Tests pass a frozen one.
+    database's own clock. Tests pass a frozen one. `side_engine`, when given, serves ping and
+    counts (health probes, gauges) from a pool of its own.
     """
 
     def __init__(
@@ -54,16 +57,26 @@ class SqlStore:
         clock: Callable[[], dt.datetime | None] = database_clock,
         hold_dead_keys: bool = True,
         scope: str = "exchange",
+        side_engine: Engine | None = None,
     ) -> None:
         # hold_dead_keys: a dead message holds the rest of its key (the config's dead_key "hold").
         self.engine = engine
         self.dialect = dialect_for(engine.dialect.name, hold=hold_dead_keys, scope=scope)
         self._sql = self.dialect.sql
         self._clock = clock
+        self._side = side_engine
 
     @contextmanager
     def _conn(self) -> Iterator[Connection]:
         with translated(self.engine), self.engine.connect() as conn:
+            yield conn
+
+    @contextmanager
+    def _side_conn(self) -> Iterator[Connection]:
+        """A connection for the probes and gauges (ping, counts): their own small pool, so a
+        slow /readyz or a gauge scrape never takes a connection the loop is waiting for."""
+        side = self._side or self.engine
+        with translated(side), side.connect() as conn:
             yield conn
 
     # ----------------------------------------------------------------- claiming and settling
@@ -87,6 +100,7 @@ class SqlStore:
             "lease_seconds": lease_seconds,
             "exclude": self.dialect.bind_list(exclude),
             "only": only,
+            "alone": ALONE,
             "now": self._clock(),
         }
         with self._conn() as conn:
@@ -109,6 +123,7 @@ class SqlStore:
                 created_at=_utc(r[12]),
                 traceparent=r[13],
                 tracestate=r[14],
+                suspect=bool(r[15]),
             )
             for r in rows
         ]
@@ -139,6 +154,7 @@ class SqlStore:
             "seqs": self.dialect.bind_list(seqs),
             "delay_seconds": delay_seconds,
             "error": error,
+            "alone": ALONE,
             "now": self._clock(),
         }
         with self._conn() as conn:
@@ -167,9 +183,28 @@ class SqlStore:
             return self.dialect.settle_failures(conn, settlements, params)
 
     def reclaim_expired(self, *, relay_id: str = "", max_attempts: int = 10) -> int:
-        params = {"relay_id": relay_id, "max_attempts": max_attempts, "now": self._clock()}
+        params = {
+            "relay_id": relay_id,
+            "max_attempts": max_attempts,
+            "alone": ALONE,
+            "now": self._clock(),
+        }
         with self._conn() as conn:
             return self.dialect.reclaim_expired(conn, params)
+
+    def abandon(
+        self, token: uuid.UUID, *, error: str, relay_id: str = "", max_attempts: int = 10
+    ) -> int:
+        params = {
+            "token": token,
+            "error": error[:ERROR_MAX],
+            "relay_id": relay_id,
+            "max_attempts": max_attempts,
+            "alone": ALONE,
+            "now": self._clock(),
+        }
+        with self._conn() as conn:
+            return self.dialect.abandon(conn, params)
 
     def unpark_sweep(self) -> int:
         """Unpark the next message of every key that nothing blocks any more."""
@@ -213,11 +248,18 @@ class SqlStore:
             return [(r.relay_id, _utc(r.started_at), _utc(r.last_seen)) for r in found]
 
     def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
-        with translated(self.engine):
-            return retention.run_retention_once(self.engine, policy, now)
+        try:
+            with translated(self.engine):
+                return retention.run_retention_once(self.engine, policy, now)
+        except DatabaseUnavailable:
+            raise
+        except SQLAlchemyError as exc:
+            # Housekeeping only: whatever the database says (a lock timeout, a constraint, a
+            # corrupt page on SQLite), it must not stop the relay. Said once, tried again later.
+            raise RetentionFailed(_first_line(exc)) from exc
 
     def counts(self) -> StateCounts:
-        with self._conn() as conn:
+        with self._side_conn() as conn:
             by_state = {str(s): int(n) for s, n in conn.execute(self._sql.count_by_state)}
             ready, delayed, age = conn.execute(
                 self._sql.pending_summary, {"now": self._clock()}
@@ -231,11 +273,13 @@ class SqlStore:
             return current_version(conn)
 
     def ping(self) -> None:
-        with self._conn() as conn:
+        with self._side_conn() as conn:
             conn.execute(self._sql.ping)
 
     def close(self) -> None:
         self.engine.dispose()
+        if self._side is not None:
+            self._side.dispose()
 
 
 def _maybe_utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -323,6 +367,17 @@ def translated(engine: Engine) -> Iterator[None]:
         if relay_error is not None:
             raise relay_error from exc
         raise
+    except PoolTimeout as exc:
+        # Every pooled connection busy past the pool's timeout: the database is slow, not the
+        # statement wrong; the loop waits and retries as for an outage.
+        where = engine.url.render_as_string(hide_password=True)
+        raise DatabaseUnavailable(f"database {where}: no free connection ({exc})") from exc
+
+
+def _first_line(exc: SQLAlchemyError) -> str:
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _describe(engine: Engine, exc: DBAPIError) -> str:
@@ -335,20 +390,45 @@ def _describe(engine: Engine, exc: DBAPIError) -> str:
 # --------------------------------------------------------------------------- opening one
 
 
-def make_engine(db_url: str, *, autocommit: bool = True, pool_size: int = 3) -> Engine:
-    """An engine configured for the relay (autocommit: every statement is its own transaction)."""
+# Budgets, in seconds. The loop's statements are single-row or batched index scans that take
+# milliseconds: one still running after STATEMENT_TIMEOUT is stuck (a lock, an overloaded server)
+# and is better cancelled and retried. A pooled connection not free within POOL_TIMEOUT means
+# the same. The probes and gauges get their own, smaller budget (SIDE_*).
+STATEMENT_TIMEOUT = 30.0
+POOL_TIMEOUT = 10.0
+SIDE_STATEMENT_TIMEOUT = 10.0
+SIDE_POOL_TIMEOUT = 2.0
+
+
+def make_engine(
+    db_url: str,
+    *,
+    autocommit: bool = True,
+    pool_size: int = 3,
+    statement_timeout: float | None = None,
+    pool_timeout: float = 30.0,
+) -> Engine:
+    """An engine configured for the relay (autocommit: every statement is its own transaction).
+    `statement_timeout` (seconds; None: none) cancels a statement that runs longer, where the
+    database can (PostgreSQL); `pool_timeout` bounds the wait for a pooled connection."""
     url = database_url(db_url)
     dialect = DIALECTS[url.get_backend_name()]
-    options = dialect.engine_options(pool_size=pool_size)
+    options = dialect.engine_options(
+        pool_size=pool_size, statement_timeout=statement_timeout, pool_timeout=pool_timeout
+    )
     if autocommit:
         options["isolation_level"] = "AUTOCOMMIT"
     engine = create_engine(url, **options)
-    if dialect.on_connect:
+    timeout_sql = dialect.statement_timeout if statement_timeout is not None else None
+    if dialect.on_connect or timeout_sql:
+        ms = str(max(1, round((statement_timeout or 0) * 1000)))
 
         def session_settings(dbapi_conn: Any, _record: Any) -> None:
             cursor = dbapi_conn.cursor()
             for statement in dialect.on_connect:
                 cursor.execute(statement)
+            if timeout_sql:
+                cursor.execute(timeout_sql, (ms,))
             cursor.close()
 
         event.listen(engine, "connect", session_settings)
@@ -374,9 +454,19 @@ def open_store(
     hold_dead_keys: bool = True,
     scope: str = "exchange",
     clock: Callable[[], dt.datetime | None] = database_clock,
+    statement_timeout: float = STATEMENT_TIMEOUT,
 ) -> SqlStore:
     """Open the store at `db_url`; with `check`, fail now if the database is unreachable."""
-    store = SqlStore(make_engine(db_url), clock=clock, hold_dead_keys=hold_dead_keys, scope=scope)
+    engine = make_engine(db_url, statement_timeout=statement_timeout, pool_timeout=POOL_TIMEOUT)
+    side = make_engine(
+        db_url,
+        pool_size=1,
+        statement_timeout=min(statement_timeout, SIDE_STATEMENT_TIMEOUT),
+        pool_timeout=SIDE_POOL_TIMEOUT,
+    )
+    store = SqlStore(
+        engine, clock=clock, hold_dead_keys=hold_dead_keys, scope=scope, side_engine=side
+    )
     if check:
         store.ping()
     return store

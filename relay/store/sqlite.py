@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Integer, String, Uuid
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.types import TypeEngine
 
 from relay.store import common
 from relay.store.dialect import (
@@ -29,6 +30,7 @@ from relay.store.dialect import (
     RELAY_COLUMNS,
     RESOURCE_COLUMNS,
     TIME,
+    Compiled,
     Dialect,
     Statements,
     compile_sql,
@@ -53,14 +55,14 @@ _READ_NOW = f"SELECT {NOW} AS now"
 # is no SKIP LOCKED to need, the write lock is already held. These bind the transaction's time,
 # read once (Sqlite._now), so :now is never NULL here.
 _SELECT_UNKEYED = """
-SELECT seq, priority, available_at FROM outbox_message
+SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect FROM outbox_message
 WHERE state = 'pending' AND key IS NULL AND available_at <= :now {filter}
 ORDER BY priority DESC, available_at, seq
 LIMIT :limit
 """
 
 _SELECT_KEYED = """
-SELECT seq, priority, available_at, {head} AS head
+SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect, {head} AS head
 FROM outbox_message AS m
 WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= :now {filter}
 ORDER BY priority DESC, available_at, seq
@@ -75,18 +77,20 @@ _RESOURCE_FILTER = """
 PARK = "UPDATE outbox_message SET held = true WHERE seq IN (SELECT value FROM json_each(:seqs))"
 
 # `state = 'pending'` again: the candidates were chosen under the same write lock, so this only
-# restates what must hold.
+# restates what must hold. :suspect is true when the one row chosen is a suspect (see
+# postgres._CLAIM): it is stamped claimed alone.
 CLAIM = f"""
 UPDATE outbox_message
 SET state = 'in_flight',
     attempts = attempts + 1,
     lease_owner = :owner,
     lease_token = :token,
-    lease_expires_at = {_now_plus("lease_seconds")}
+    lease_expires_at = {_now_plus("lease_seconds")},
+    last_error = CASE WHEN :suspect THEN :alone ELSE last_error END
 WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'pending'
 RETURNING seq, id, exchange, routing_key, payload, content_type, headers, key,
           priority, attempts, max_attempts, available_at, created_at, traceparent,
-          tracestate
+          tracestate, :suspect AS suspect
 """  # noqa: S608 - a time expression constant; every value is bound
 
 # See postgres.py.
@@ -124,7 +128,9 @@ WHERE seq IN (
 RELEASE = f"""
 UPDATE outbox_message
 SET state = 'pending', available_at = {_now_plus("delay_seconds")},
-    last_error = :error, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+    attempts = max(attempts - 1, 0),
+    lease_expires_at = CASE WHEN last_error = :alone THEN {NOW} END,
+    last_error = :error, lease_owner = NULL, lease_token = NULL
 WHERE seq IN (SELECT value FROM json_each(:seqs)) AND lease_token = :token
   AND state = 'in_flight'
 """  # noqa: S608
@@ -156,19 +162,25 @@ INSERT INTO outbox_attempt
 VALUES (:message_id, :attempt, :now, :relay_id, :failure_class, :outcome, :error, :next_at)
 """
 
-# Expired leases: see postgres.RECLAIM_EXPIRED. Returns the rows, whose attempts RECORD_ATTEMPT
-# then writes.
-RECLAIM_EXPIRED = """
-UPDATE outbox_message
-SET state = CASE WHEN attempts >= coalesce(max_attempts, :max_attempts)
-                 THEN 'dead' ELSE 'pending' END,
-    last_error = 'lease held by ' || coalesce(lease_owner, '?') || ' expired before it settled',
-    last_failed_at = :now,
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE state = 'in_flight' AND lease_expires_at < :now
-RETURNING id, attempts, last_error, state
+# Expired leases: see postgres._RECLAIM (who is charged, suspects). RETURNING sees the new values
+# only, so the rows claimed alone are read first (_RECLAIM_ALONE, in the same transaction); the
+# rows come back for RECORD_ATTEMPT. {where} and {error} as there.
+_RECLAIM_ALONE = """
+SELECT seq FROM outbox_message WHERE state = 'in_flight' AND {where} AND last_error = :alone
 """
-
+_RECLAIM = """
+UPDATE outbox_message
+SET state = CASE WHEN last_error = :alone AND attempts >= coalesce(max_attempts, :max_attempts)
+                 THEN 'dead' ELSE 'pending' END,
+    attempts = CASE WHEN last_error = :alone THEN attempts ELSE max(attempts - 1, 0) END,
+    last_error = {error},
+    last_failed_at = :now,
+    lease_owner = NULL, lease_token = NULL
+WHERE state = 'in_flight' AND {where}
+RETURNING seq, id, attempts, last_error, state
+"""
+_EXPIRED = "lease_expires_at < :now"
+_EXPIRED_ERROR = "'lease held by ' || coalesce(lease_owner, '?') || ' expired before it settled'"
 # ------------------------------------------------------------------------ resources, relays
 
 # No FOR UPDATE in SQLite: the write lock BEGIN IMMEDIATE took (Dialect.transaction) covers it.
@@ -252,9 +264,20 @@ class Sqlite(Dialect):
         self._unpark_next = compile_sql(UNPARK_NEXT)
         self._settle_one = compile_sql(SETTLE_ONE, {"id": Uuid(), "attempt": Integer()})
         self._record_attempt = compile_sql(RECORD_ATTEMPT)
+        reclaimed: dict[str, TypeEngine[Any]] = {
+            "seq": Integer(),
+            "id": Uuid(),
+            "attempts": Integer(),
+            "last_error": String(),
+            "state": String(),
+        }
+        self._reclaim_alone = compile_sql(_RECLAIM_ALONE.format(where=_EXPIRED))
         self._reclaim = compile_sql(
-            RECLAIM_EXPIRED,
-            {"id": Uuid(), "attempts": Integer(), "last_error": String(), "state": String()},
+            _RECLAIM.format(where=_EXPIRED, error=_EXPIRED_ERROR), reclaimed
+        )
+        self._abandon_alone = compile_sql(_RECLAIM_ALONE.format(where="lease_token = :token"))
+        self._abandon = compile_sql(
+            _RECLAIM.format(where="lease_token = :token", error=":error"), reclaimed
         )
         self._purge_messages = compile_sql(PURGE_MESSAGES)
         self._purge_attempts = compile_sql(PURGE_ATTEMPTS)
@@ -283,8 +306,11 @@ class Sqlite(Dialect):
         return isinstance(exc, OperationalError)
 
     @classmethod
-    def engine_options(cls, *, pool_size: int) -> dict[str, Any]:
-        return {"connect_args": {"timeout": 30}}
+    def engine_options(
+        cls, *, pool_size: int, statement_timeout: float | None, pool_timeout: float
+    ) -> dict[str, Any]:
+        # No statement timeout in SQLite; the busy timeout bounds the wait for the write lock.
+        return {"pool_timeout": pool_timeout, "connect_args": {"timeout": 30}}
 
     def bind_list(self, values: Iterable[Any]) -> str:
         return json.dumps([v.hex if isinstance(v, uuid.UUID) else v for v in values])
@@ -299,17 +325,23 @@ class Sqlite(Dialect):
             p = {**params, "now": self._now(conn, params)}
             candidates = [tuple(r) for r in conn.execute(self._select_unkeyed, p)]
             parked: list[int] = []
-            for seq, priority, available_at, head in conn.execute(self._select_keyed, p):
+            for seq, priority, available_at, suspect, head in conn.execute(self._select_keyed, p):
                 if head:
-                    candidates.append((seq, priority, available_at))
+                    candidates.append((seq, priority, available_at, suspect))
                 else:
                     parked.append(seq)
             if parked:
                 conn.execute(self._park, {"seqs": self.bind_list(parked)})
             # available_at is the stored text here, which sorts as time does.
             candidates.sort(key=lambda c: (-c[1], str(c[2]), c[0]))
-            chosen = self.bind_list(c[0] for c in candidates[: params["limit"]])
-            return conn.execute(self._claim, {**p, "seqs": chosen}).all()
+            best = candidates[: params["limit"]]
+            # A suspect among them is claimed alone (common.ALONE).
+            suspects = [c for c in best if c[3]]
+            chosen = suspects[:1] or best
+            return conn.execute(
+                self._claim,
+                {**p, "seqs": self.bind_list(c[0] for c in chosen), "suspect": bool(suspects)},
+            ).all()
 
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
@@ -346,26 +378,24 @@ class Sqlite(Dialect):
         return changed
 
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
+        return self._reclaim_rows(conn, params, self._reclaim_alone, self._reclaim)
+
+    def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
+        return self._reclaim_rows(conn, params, self._abandon_alone, self._abandon)
+
+    def _reclaim_rows(
+        self, conn: Connection, params: dict[str, Any], alone: Compiled, reclaim: Compiled
+    ) -> int:
         with self.transaction(conn):
             p = {**params, "now": self._now(conn, params)}
-            expired = conn.execute(self._reclaim, p).all()
-            if expired:
+            alone_seqs = set(conn.execute(alone, p).scalars())
+            rows = conn.execute(reclaim, p).all()
+            if rows:
                 conn.execute(
                     self._record_attempt,
-                    [
-                        {
-                            **p,
-                            "message_id": r.id,
-                            "attempt": r.attempts,
-                            "failure_class": "ambiguous",
-                            "outcome": "dead" if r.state == "dead" else "retry",
-                            "error": r.last_error,
-                            "next_at": None if r.state == "dead" else p["now"],
-                        }
-                        for r in expired
-                    ],
+                    [_reclaim_attempt(r, r.seq in alone_seqs, p) for r in rows],
                 )
-        return len(expired)
+        return len(rows)
 
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
         with self.transaction(conn):
@@ -373,3 +403,17 @@ class Sqlite(Dialect):
             if ids:
                 conn.execute(self._purge_attempts, {"ids": self.bind_list(ids)})
         return len(ids), uuid.UUID(max(ids)) if ids else None
+
+
+def _reclaim_attempt(r: Any, alone: bool, p: Mapping[str, Any]) -> dict[str, Any]:
+    """The attempt record of a reclaimed row (see postgres._RECLAIM)."""
+    dead = r.state == "dead"
+    return {
+        **p,
+        "message_id": r.id,
+        "attempt": r.attempts if alone else r.attempts + 1,
+        "failure_class": "ambiguous",
+        "outcome": "dead" if dead else "retry" if alone else "deferred",
+        "error": r.last_error,
+        "next_at": None if dead else p["now"],
+    }

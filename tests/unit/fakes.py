@@ -27,6 +27,8 @@ class Row:
     token: uuid.UUID | None = None
     error: str | None = None
     burned: int = 0  # failures that counted against max_attempts
+    released: int = 0  # times given back unsent
+    abandoned: int = 0  # times given up by a crashing relay
 
 
 def make_claimed(seq: int, **overrides: object) -> Claimed:
@@ -91,6 +93,8 @@ class FakeStore:
             and r.claimed.exchange not in exclude
             and (only is None or r.claimed.exchange == only)
         ][:limit]
+        suspects = [r for r in ready if r.claimed.suspect]
+        ready = suspects[:1] or ready  # a suspect is claimed alone, as the real store does
         for r in ready:
             r.state, r.token = "in_flight", token
         return [r.claimed for r in ready]
@@ -117,6 +121,17 @@ class FakeStore:
         for r in rows:
             r.state, r.token, r.error = "pending", None, error
             r.due = delay_seconds <= 0
+            r.released += 1
+        return len(rows)
+
+    def abandon(
+        self, token: uuid.UUID, *, error: str, relay_id: str = "", max_attempts: int = 10
+    ) -> int:
+        self._maybe_fail("abandon")
+        rows = [r for r in self.rows.values() if r.token == token and r.state == "in_flight"]
+        for r in rows:
+            r.state, r.token, r.error = "pending", None, error
+            r.abandoned += 1
         return len(rows)
 
     def settle_failures(
@@ -200,6 +215,7 @@ class FakePublisher:
     hold: bool = False
     ready: bool = True
     blocked: bool = False
+    alive: bool = True
     held: list[tuple[Sequence[Outgoing], Done]] = field(default_factory=list)
     published: list[Outgoing] = field(default_factory=list)
     stopped: bool = False
