@@ -89,7 +89,16 @@ def _v5(conn: Connection) -> None:
     schema.relay_instance.create(conn, checkfirst=True)
 
 
-MIGRATIONS: dict[int, Migration] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
+def _v6(conn: Connection) -> None:
+    # Inbox retention became per consumer: (consumer, processed_at) replaces (processed_at),
+    # which a per-consumer purge could only walk past other consumers' rows. Building it locks
+    # the inbox against writes (consumers wait) for as long as the build takes.
+    for index in schema.inbox.indexes:
+        index.create(conn, checkfirst=True)
+    conn.exec_driver_sql("DROP INDEX IF EXISTS outbox_inbox_processed_idx")
+
+
+MIGRATIONS: dict[int, Migration] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6}
 
 
 def current_version(conn: Connection) -> int:

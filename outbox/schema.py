@@ -33,7 +33,7 @@ from sqlalchemy.exc import DBAPIError
 
 from outbox.states import ALL_STATES
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 metadata = MetaData()
 
@@ -182,14 +182,16 @@ relay_instance = Table(
 )
 
 # The consumer side: one row per message a consumer has processed (outbox/consumer/inbox.py).
-# The primary key is what makes a second delivery a no-op; processed_at drives retention.
+# The primary key is what makes a second delivery a no-op; processed_at drives retention, which
+# each consumer runs over its own rows: (consumer, processed_at) takes a purge straight to them,
+# past rows that other consumers (with longer windows, or retired) keep.
 inbox = Table(
     "outbox_inbox",
     metadata,
     Column("consumer", String(255), primary_key=True),
     Column("message_id", String(255), primary_key=True),
     Column("processed_at", _Time, nullable=False),
-    Index("outbox_inbox_processed_idx", "processed_at"),
+    Index("outbox_inbox_consumer_processed_idx", "consumer", "processed_at"),
 )
 
 schema_version = Table(
