@@ -7,8 +7,9 @@
     consumer.run()                      # until consumer.stop() (from a signal handler or thread)
 
 This module is the connection and the consuming loop: prefetch, a graceful stop, inbox
-retention. What happens to each delivery (dedupe, the handler's transaction, retry and
-dead-letter copies) is `Processor`, in outbox/consumer/processor.py.
+retention (on a thread of its own, so a long purge never holds up pika's connection thread,
+which must keep answering heartbeats). What happens to each delivery (dedupe, the handler's
+transaction, retry and dead-letter copies) is `Processor`, in outbox/consumer/processor.py.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import Any
 import pika
 from opentelemetry.trace import TracerProvider
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from outbox.consumer.inbox import purge_inbox
+from outbox.consumer.inbox import purge_batches
 from outbox.consumer.policy import ConsumerPolicy
 from outbox.consumer.processor import Handler, Processor
 
@@ -37,6 +38,9 @@ class Consumer:
 
     `name` (default: the queue) keys the inbox: two consumers with different names each process
     every message once; instances with the same name share the work and the deduplication.
+    Every `retention_interval` seconds a background thread deletes this consumer's inbox rows
+    older than `inbox_retention` (None: never), `purge_batch_size` rows per statement; other
+    consumers' rows are left alone.
 
     Constructing a Consumer builds its Processor, which makes pika decode float header values
     as floats from then on, process-wide (see `Processor`): every message this consumer hands
@@ -53,6 +57,7 @@ class Consumer:
     tracer_provider: TracerProvider | None = None
     inbox_retention: dt.timedelta | None = dt.timedelta(days=7)
     retention_interval: float = 600.0
+    purge_batch_size: int = 1000
 
     def __post_init__(self) -> None:
         self.processor = Processor(
@@ -67,12 +72,15 @@ class Consumer:
         self._conn: Any = None
         self._channel: Any = None
         self._stop = False
+        self._purge_stop = threading.Event()
         self.ready = threading.Event()  # set once consuming has started
 
     def run(self) -> None:
         """Consume until `stop()`; the delivery being handled finishes, the rest are requeued."""
         params = pika.URLParameters(self.amqp_url)
         conn = pika.BlockingConnection(params)
+        purger: threading.Thread | None = None
+        self._purge_stop.clear()
         try:
             channel = conn.channel()
             channel.basic_qos(prefetch_count=self.prefetch)
@@ -81,30 +89,54 @@ class Consumer:
                 self._conn, self._channel = conn, channel
                 stop = self._stop
             if self.inbox_retention is not None:
-                self._purge()
+                purger = threading.Thread(
+                    target=self._purge_loop,
+                    name=f"outbox-purge-{self.processor.consumer}",
+                    daemon=True,
+                )
+                purger.start()
             self.ready.set()
             if not stop:
                 channel.start_consuming()
         finally:
+            self._purge_stop.set()
             with self._lock:
                 self._conn = self._channel = None
             if conn.is_open:
                 conn.close()
+            if purger is not None:
+                purger.join()  # at most the batch in hand: the loop stops between batches
 
     def stop(self) -> None:
         """Ask `run()` to return after the delivery in hand. Safe from any thread."""
+        self._purge_stop.set()
         with self._lock:
             self._stop = True
             if self._conn is not None:
                 self._conn.add_callback_threadsafe(self._channel.stop_consuming)
 
+    def _purge_loop(self) -> None:
+        """Purge now, then every `retention_interval` seconds, until `run()` ends."""
+        while not self._purge_stop.is_set():
+            self._purge()
+            self._purge_stop.wait(self.retention_interval)
+
     def _purge(self) -> None:
         assert self.inbox_retention is not None
+        cutoff = dt.datetime.now(dt.UTC) - self.inbox_retention
+        deleted = 0
         try:
-            deleted = purge_inbox(self.engine, older_than=self.inbox_retention)
-            if deleted:
-                log.info("consumer.inbox_purged", extra={"deleted": deleted})
-        except DBAPIError as exc:
-            log.warning("consumer.inbox_purge_failed", extra={"error": str(exc.orig)})
-        if self._conn is not None:
-            self._conn.call_later(self.retention_interval, self._purge)
+            for batch in purge_batches(
+                self.engine,
+                consumer=self.processor.consumer,
+                cutoff=cutoff,
+                batch_size=self.purge_batch_size,
+            ):
+                deleted += batch
+                if self._purge_stop.is_set():
+                    break
+        except SQLAlchemyError as exc:  # the database or the pool: try again next interval
+            error = str(exc.orig) if isinstance(exc, DBAPIError) else str(exc)
+            log.warning("consumer.inbox_purge_failed", extra={"error": error})
+        if deleted:
+            log.info("consumer.inbox_purged", extra={"deleted": deleted})

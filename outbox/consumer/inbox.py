@@ -10,19 +10,23 @@ Two deliveries racing in two transactions: the second INSERT waits on the first'
 entry and, once it commits, inserts nothing (it returns False); if the first rolls back, the
 second goes ahead. Rows are kept for a retention window (`purge_inbox`): a duplicate that arrives
 after its id was purged is processed again, so keep the window longer than any redelivery delay.
+Each consumer purges its own rows only: consumers may keep different windows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, delete, select
+from sqlalchemy import Connection, Delete, Engine, any_, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from outbox.errors import InvalidOption
 from outbox.schema import inbox
+
+T = TypeVar("T")
 
 # RETURNING tells whether a row went in (psycopg reports no rowcount for this statement).
 _INSERT = {
@@ -46,34 +50,70 @@ def process_once(db: Session | Connection, *, consumer: str, message_id: str) ->
 
 
 def purge_inbox(
-    bind: Engine | Connection, *, older_than: dt.timedelta, batch_size: int = 1000
+    bind: Engine | Connection,
+    *,
+    older_than: dt.timedelta,
+    batch_size: int = 1000,
+    consumer: str | None = None,
 ) -> int:
-    """Delete inbox rows processed more than `older_than` ago, in small transactions."""
+    """Delete inbox rows processed more than `older_than` ago; return how many.
+
+    `consumer`'s rows only; None means every consumer's (an operator's clean-up, for example
+    after a consumer was retired: a running `Consumer` purges only its own). Given an Engine,
+    each batch of at most `batch_size` rows is one DELETE in a transaction of its own.
+    """
+    if batch_size < 1:
+        raise InvalidOption("batch_size must be at least 1")
     cutoff = _now() - older_than
-    total = 0
+    names = [consumer] if consumer is not None else _in_transaction(bind, _consumers)
+    return sum(
+        sum(purge_batches(bind, consumer=n, cutoff=cutoff, batch_size=batch_size)) for n in names
+    )
+
+
+def purge_batches(
+    bind: Engine | Connection, *, consumer: str, cutoff: dt.datetime, batch_size: int
+) -> Iterator[int]:
+    """Delete `consumer`'s rows processed before `cutoff`, one bounded DELETE per batch, and
+    yield each batch's count: a caller can stop between batches (see `Consumer`)."""
+    statement = _delete_batch(bind, consumer=consumer, cutoff=cutoff, batch_size=batch_size)
     while True:
-        victims = (
-            select(inbox.c.consumer, inbox.c.message_id)
-            .where(inbox.c.processed_at < cutoff)
-            .limit(batch_size)
-        )
-        if isinstance(bind, Engine):
-            with bind.begin() as conn:
-                deleted = _delete(conn, victims)
-        else:
-            deleted = _delete(bind, victims)
-        total += deleted
+        deleted = _in_transaction(bind, lambda conn: int(conn.execute(statement).rowcount))
+        yield deleted
         if deleted < batch_size:
-            return total
+            return
 
 
-def _delete(conn: Connection, victims: Any) -> int:
-    keys = [tuple(r) for r in conn.execute(victims)]
-    for consumer, message_id in keys:
-        conn.execute(
-            delete(inbox).where(inbox.c.consumer == consumer, inbox.c.message_id == message_id)
-        )
-    return len(keys)
+def _delete_batch(
+    bind: Engine | Connection, *, consumer: str, cutoff: dt.datetime, batch_size: int
+) -> Delete:
+    # One statement per batch: the subquery picks at most batch_size of this consumer's old rows
+    # through the (consumer, processed_at) index.
+    victims = (
+        select(inbox.c.message_id)
+        .where(inbox.c.consumer == consumer, inbox.c.processed_at < cutoff)
+        .limit(batch_size)
+    )
+    chosen: Any = inbox.c.message_id.in_(victims)
+    if bind.dialect.name == "postgresql":
+        # SKIP LOCKED: two instances of one consumer purge at once without waiting on each
+        # other. ARRAY(...) runs the subquery once: as an IN, the planner may rescan it once per
+        # row, and a locking LIMIT rescanned picks new rows each time (the batch is unbounded).
+        locked = victims.with_for_update(skip_locked=True).scalar_subquery()
+        chosen = inbox.c.message_id == any_(func.array(locked))
+    return delete(inbox).where(inbox.c.consumer == consumer, chosen)
+
+
+def _consumers(conn: Connection) -> list[str]:
+    return list(conn.execute(select(inbox.c.consumer).distinct()).scalars())
+
+
+def _in_transaction(bind: Engine | Connection, work: Callable[[Connection], T]) -> T:
+    """`work(conn)` in a transaction of its own (Engine) or in the caller's (Connection)."""
+    if isinstance(bind, Engine):
+        with bind.begin() as conn:
+            return work(conn)
+    return work(bind)
 
 
 def _now() -> dt.datetime:

@@ -1,10 +1,12 @@
 """What becomes of a delivery whose handler failed: pure decisions, no broker, no clock.
 
-A handler's exception is one of three things: the database was unavailable (not the message's
-fault: put it back unchanged), a reason to try again later (through a retry queue, after a delay
-rounded to a tier), or a reason to give up (dead-letter it, at once for `Reject` or a configured
-permanent exception, after `max_attempts` otherwise). `decide` says which; `Processor` carries it
-out on the broker.
+A handler's exception is one of four things: the database was unavailable (not the message's
+fault: put it back unchanged, without using an attempt), the transaction lost a race with another
+one (a serialization failure or deadlock: run it again here, after a short jittered pause, a few
+times; if it keeps losing, it counts as a failed attempt like any other), a reason to try again
+later (through a retry queue, after a delay rounded to a tier), or a reason to give up
+(dead-letter it, at once for `Reject` or a configured permanent exception, after `max_attempts`
+otherwise). `decide` says which; `Processor` carries it out on the broker.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from outbox.dberrors import DbFailure, classify_db_error
+from outbox.dberrors import DbFailure, classify_db_error, is_conflict
 
 
 class Retry(Exception):
@@ -36,10 +38,18 @@ class ConsumerPolicy:
     backoff_cap: float = 300.0  # longest retry delay
     permanent: tuple[type[BaseException], ...] = ()  # exception types dead-lettered at once
     db_unavailable_delay: float = 1.0  # pause before requeueing when the database is down
+    conflict_retries: int = 3  # in-process reruns after a serialization failure or deadlock
+    conflict_backoff: float = 0.05  # first rerun's pause, seconds; doubles per rerun, jittered
 
     def delay(self, attempt: int) -> int:
         """Seconds before retry number `attempt` (see `delay_tier`)."""
         return delay_tier(min(self.backoff_cap, self.backoff_base * 2 ** max(0, attempt - 1)))
+
+    def conflict_delay(self, rerun: int, jitter: float) -> float:
+        """Seconds before in-process rerun number `rerun`, `jitter` in [0, 1): between half and
+        all of the doubled backoff, so two transactions that deadlocked do not meet again."""
+        full = self.conflict_backoff * 2.0 ** max(0, rerun - 1)
+        return full * (0.5 + 0.5 * min(max(jitter, 0.0), 1.0))
 
 
 def delay_tier(seconds: float) -> int:
@@ -79,14 +89,39 @@ class DeadLetter:
     why: str
 
 
-Decision = Requeue | RetryLater | DeadLetter
+@dataclass(frozen=True, slots=True)
+class RunAgain:
+    """Run the handler again in this process after `delay` seconds, keeping the delivery: its
+    transaction lost a race (serialization failure, deadlock), which a rerun usually wins."""
+
+    delay: float
+    why: str
 
 
-def decide(exc: Exception, attempt: int, policy: ConsumerPolicy) -> Decision:
-    """What to do with a delivery whose `attempt`-th handler run raised `exc`."""
+Decision = Requeue | RunAgain | RetryLater | DeadLetter
+
+
+def decide(
+    exc: Exception,
+    attempt: int,
+    policy: ConsumerPolicy,
+    *,
+    conflicts: int = 0,
+    jitter: float = 0.5,
+) -> Decision:
+    """What to do with a delivery whose `attempt`-th handler run raised `exc`.
+
+    `conflicts`: how many runs of this attempt already lost a race (and were run again);
+    `jitter`: a random number in [0, 1) that spreads the reruns' pauses.
+    """
     why = f"{type(exc).__name__}: {exc}"
     if database_unavailable(exc):
         return Requeue(why)
+    if transaction_conflict(exc):
+        if conflicts < policy.conflict_retries:
+            return RunAgain(policy.conflict_delay(conflicts + 1, jitter), why)
+        # It keeps losing the same race: a failure of this attempt, so it cannot loop forever.
+        why = f"conflicted {conflicts + 1} times in a row: {why}"
     if isinstance(exc, (Reject, *policy.permanent)):
         return DeadLetter(why)
     if attempt >= policy.max_attempts:
@@ -99,7 +134,8 @@ def decide(exc: Exception, attempt: int, policy: ConsumerPolicy) -> Decision:
 def database_unavailable(exc: BaseException) -> bool:
     """The database failed (connection lost, shutting down), not the handler: told apart by
     SQLSTATE with the relay's rule (outbox.dberrors); SQLite's OperationalError (locked, I/O),
-    which carries no SQLSTATE, counts too."""
+    which carries no SQLSTATE, counts too. A conflict (`transaction_conflict`) does not: the
+    database is up, and requeueing it unchanged could repeat it forever."""
     if not isinstance(exc, DBAPIError):
         return False
     if exc.connection_invalidated:
@@ -107,4 +143,14 @@ def database_unavailable(exc: BaseException) -> bool:
     sqlstate = getattr(exc.orig, "sqlstate", None)
     if sqlstate is None:
         return isinstance(exc, OperationalError)
+    if is_conflict(sqlstate):
+        return False
     return classify_db_error(sqlstate) is DbFailure.TRANSIENT
+
+
+def transaction_conflict(exc: BaseException) -> bool:
+    """The transaction lost a race with another one (SQLSTATE 40001 or 40P01) on a connection
+    that is still good: running it again is likely to succeed."""
+    if not isinstance(exc, DBAPIError) or exc.connection_invalidated:
+        return False
+    return is_conflict(getattr(exc.orig, "sqlstate", None))

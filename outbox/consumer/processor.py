@@ -10,6 +10,12 @@ it back after N seconds) or to `<queue>.dead`, with the reason in its headers. T
 confirmed by the broker before the original is acknowledged, so a crash in between duplicates a
 message (the inbox absorbs it) but never loses one.
 
+Nothing here sleeps: a pause (before putting a delivery back while the database is down, before
+running a handler again after its transaction lost a race) is scheduled on the connection
+(`call_later`), so pika keeps serving heartbeats, other channels and `stop()` meanwhile. A
+delivery waiting on such a pause is still unacknowledged: if the connection closes first, the
+broker redelivers it.
+
 Each delivery gets a `process {queue}` span (kind CONSUMER) whose parent is the `traceparent`
 the relay published, so the consumer joins the producing request's trace.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,6 +44,7 @@ from outbox.consumer.policy import (
     ConsumerPolicy,
     DeadLetter,
     Requeue,
+    RunAgain,
     dead_queue,
     decide,
     retry_queue,
@@ -77,7 +85,9 @@ class Processor:
     """One delivery: dedupe, run the handler in a transaction, then ack, retry or dead-letter.
 
     A pika `on_message_callback` (channel, method, properties, body); acknowledges by itself, so
-    consume with manual acks. Returns what it did: processed, duplicate, retried, dead, requeued.
+    consume with manual acks. Returns what it did: processed, duplicate, retried, dead, requeued,
+    or deferred (the handler's transaction lost a race and runs again shortly, on the connection's
+    thread; `counts` records the outcome once it is known).
 
         process = outbox.Processor(engine, on_order, consumer="billing", queue="billing.orders")
         channel.basic_consume("billing.orders", process)   # manual acks: Processor acks
@@ -108,14 +118,21 @@ class Processor:
         self._tracer = trace.get_tracer("outbox.consumer", tracer_provider=tracer_provider)
         self._publisher: Any = None  # a confirm-mode channel of the consuming connection
         self._declared: set[str] = set()
+        self._paused_until = 0.0  # monotonic; deliveries go back untried until then
         self.counts: dict[str, int] = {}
 
     def __call__(self, channel: Any, method: Any, properties: Any, body: bytes) -> str:
-        outcome = self._handle(channel, method, properties, body)
-        self.counts[outcome] = self.counts.get(outcome, 0) + 1
+        return self._run(channel, method, properties, body, 0)
+
+    def _run(self, channel: Any, method: Any, properties: Any, body: bytes, conflicts: int) -> str:
+        outcome = self._handle(channel, method, properties, body, conflicts)
+        if outcome != "deferred":
+            self.counts[outcome] = self.counts.get(outcome, 0) + 1
         return outcome
 
-    def _handle(self, channel: Any, method: Any, properties: Any, body: bytes) -> str:
+    def _handle(
+        self, channel: Any, method: Any, properties: Any, body: bytes, conflicts: int
+    ) -> str:
         headers = dict(properties.headers or {})
         message = Message(
             id=properties.message_id or "",
@@ -137,6 +154,7 @@ class Processor:
             "messaging.message.id": message.id,
             "messaging.consumer.group.name": self.consumer,
             "outbox.consumer.attempt": message.attempt,
+            "outbox.consumer.conflicts": conflicts,
         }
         with self._tracer.start_as_current_span(
             f"process {self.queue}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
@@ -144,13 +162,21 @@ class Processor:
             if not message.id:
                 why = "the message has no message_id, so it cannot be deduplicated"
                 return self._give_up(channel, method, properties, body, message, why, span)
+            wait = self._paused_until - time.monotonic()
+            if wait > 0:
+                # The database was just found down: do not try it once per prefetched delivery.
+                span.set_attribute("outbox.consumer.outcome", "requeued")
+                self._requeue_later(channel, method.delivery_tag, wait)
+                return "requeued"
             try:
                 with Session(self.engine) as session, session.begin():
                     new = process_once(session, consumer=self.consumer, message_id=message.id)
                     if new:
                         self.handler(session, message)
             except Exception as exc:
-                return self._failed(channel, method, properties, body, message, exc, span)
+                return self._failed(
+                    channel, method, properties, body, message, exc, span, conflicts
+                )
             channel.basic_ack(method.delivery_tag)
             outcome = "processed" if new else "duplicate"
             span.set_attribute("outbox.consumer.outcome", outcome)
@@ -169,17 +195,33 @@ class Processor:
         message: Message,
         exc: Exception,
         span: Any,
+        conflicts: int,
     ) -> str:
         span.record_exception(exc)
-        decision = decide(exc, message.attempt, self.policy)
+        jitter = random.random()
+        decision = decide(exc, message.attempt, self.policy, conflicts=conflicts, jitter=jitter)
         why = decision.why
         if isinstance(decision, Requeue):
             span.set_status(Status(StatusCode.ERROR, why))
             span.set_attribute("outbox.consumer.outcome", "requeued")
             log.warning("consumer.database_unavailable", extra={"error": why})
-            time.sleep(self.policy.db_unavailable_delay)  # once the database may be back
-            channel.basic_nack(method.delivery_tag, requeue=True)
+            self._pause(channel, method.delivery_tag)  # back once the database may be
             return "requeued"
+        if isinstance(decision, RunAgain):
+            span.set_status(Status(StatusCode.ERROR, why))
+            span.set_attribute("outbox.consumer.outcome", "deferred")
+            log.warning(
+                "consumer.conflict",
+                extra={"message_id": message.id, "conflicts": conflicts + 1,
+                       "in_s": round(decision.delay, 3), "error": why},
+            )  # fmt: skip
+
+            def again() -> None:
+                if channel.is_open:  # closed: the broker has already taken the delivery back
+                    self._run(channel, method, properties, body, conflicts + 1)
+
+            _call_later(channel, decision.delay, again)
+            return "deferred"
         if isinstance(decision, DeadLetter):
             return self._give_up(channel, method, properties, body, message, why, span)
         delay = decision.delay
@@ -262,11 +304,24 @@ class Processor:
             log.error("consumer.forward_failed", extra={"target": target, "error": repr(exc)})
             self._publisher = None
             self._declared.clear()
-            time.sleep(self.policy.db_unavailable_delay)
-            channel.basic_nack(method.delivery_tag, requeue=True)
+            self._pause(channel, method.delivery_tag)
             return False
         channel.basic_ack(method.delivery_tag)
         return True
+
+    def _pause(self, channel: Any, delivery_tag: int) -> None:
+        """Put the delivery back after `db_unavailable_delay`, and the deliveries that arrive
+        meanwhile too, untried: what failed (the database, the broker) may be back by then."""
+        delay = self.policy.db_unavailable_delay
+        self._paused_until = time.monotonic() + delay
+        self._requeue_later(channel, delivery_tag, delay)
+
+    def _requeue_later(self, channel: Any, delivery_tag: int, delay: float) -> None:
+        def nack() -> None:
+            if channel.is_open:  # closed: the broker has already taken the delivery back
+                channel.basic_nack(delivery_tag, requeue=True)
+
+        _call_later(channel, delay, nack)
 
     def _publishing_channel(self, channel: Any) -> Any:
         if self._publisher is None or not self._publisher.is_open:
@@ -274,6 +329,15 @@ class Processor:
             self._publisher.confirm_delivery()
             self._declared.clear()
         return self._publisher
+
+
+def _call_later(channel: Any, delay: float, callback: Callable[[], None]) -> None:
+    """Run `callback` on the connection's own thread after `delay` seconds, without blocking it."""
+    connection = channel.connection
+    if hasattr(connection, "call_later"):  # BlockingConnection
+        connection.call_later(delay, callback)
+    else:  # the asynchronous adapters schedule on their IO loop
+        connection.ioloop.call_later(delay, callback)
 
 
 def _int(value: Any, default: int) -> int:

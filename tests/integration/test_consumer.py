@@ -2,12 +2,16 @@
 
 Every message is delivered twice and the handler's side effects happen once; a crash between
 commit and ack is absorbed by the inbox; failures retry through the broker or are dead-lettered
-with their reason; the consumer's span joins the producer's trace.
+with their reason; a transaction that loses a race runs again, and one that always loses uses its
+attempts; waiting never blocks the connection; the inbox purge keeps to its own consumer's rows,
+off the connection's thread; the consumer's span joins the producer's trace.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,7 +22,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, func, insert, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 import outbox
@@ -30,6 +35,7 @@ from outbox.consumer import (
     dead_queue,
     retry_queue,
 )
+from outbox.schema import inbox
 from tests.conftest import Broker, amqp_connection, wait_until
 
 
@@ -235,7 +241,199 @@ def test_process_once_is_idempotent_per_consumer(app_engine: Engine) -> None:
         assert not outbox.process_once(session, consumer="billing", message_id="m1")
     with pytest.raises(outbox.OutboxError), Session(app_engine) as session, session.begin():
         outbox.process_once(session, consumer="", message_id="m1")
-    import datetime as dt
-
     assert outbox.purge_inbox(app_engine, older_than=dt.timedelta(days=1)) == 0
     assert outbox.purge_inbox(app_engine, older_than=dt.timedelta(seconds=-1)) == 2
+    assert outbox.purge_inbox(app_engine, older_than=dt.timedelta(seconds=-1)) == 0
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def dead_letters(queue: str) -> dict[str | None, Any]:
+    """The headers of every message in `queue`'s dead-letter queue, by message id (consumed)."""
+    dead: dict[str | None, Any] = {}
+    reader = amqp_connection()
+    try:
+        channel = reader.channel()
+        while True:
+            method, properties, _body = channel.basic_get(dead_queue(queue), auto_ack=True)
+            if method is None:
+                return dead
+            dead[properties.message_id] = properties.headers
+    finally:
+        reader.close()
+
+
+def raise_sqlstate(session: Session, condition: str) -> None:
+    """Make PostgreSQL itself fail the handler's statement with `condition`'s SQLSTATE."""
+    session.execute(
+        text(f"DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '{condition}'; END $$")
+    )
+
+
+def test_a_handler_that_always_deadlocks_uses_its_attempts_and_is_dead_lettered(
+    pg_engine: Engine, broker: Broker, queue: str, run_consumer: Callable[..., outbox.Consumer]
+) -> None:
+    # Before: a deadlock counted as "database down" and was requeued forever, attempt 1 each time.
+    runs: list[int] = []
+
+    def deadlocks(session: Session, message: outbox.Message) -> None:
+        runs.append(message.attempt)
+        raise_sqlstate(session, "deadlock_detected")
+
+    message_id = str(uuid.uuid4())
+    broker.publish(queue, b"doomed", props(message_id))
+    policy = ConsumerPolicy(max_attempts=2, backoff_base=1.0, conflict_retries=2)
+    consumer = run_consumer(pg_engine, queue, deadlocks, policy=policy)
+    wait_until(lambda: consumer.processor.counts.get("dead") == 1, timeout=15)
+    assert runs == [1, 1, 1, 2, 2, 2]  # each attempt: a run and two reruns in process
+    assert consumer.processor.counts == {"retried": 1, "dead": 1}
+    why = dead_letters(queue)[message_id][ERROR_HEADER]
+    assert why.startswith("gave up after 2 attempts: conflicted 3 times in a row: ")
+    assert "DeadlockDetected" in why
+
+
+def test_a_conflict_that_clears_runs_again_without_using_an_attempt(
+    pg_engine: Engine, broker: Broker, queue: str, run_consumer: Callable[..., outbox.Consumer]
+) -> None:
+    runs: list[int] = []
+
+    def loses_once(session: Session, message: outbox.Message) -> None:
+        runs.append(message.attempt)
+        session.execute(text("CREATE TABLE IF NOT EXISTS conflict_effects (id TEXT)"))
+        session.execute(text("INSERT INTO conflict_effects VALUES (:m)"), {"m": message.id})
+        if len(runs) == 1:
+            raise_sqlstate(session, "serialization_failure")
+
+    message_id = str(uuid.uuid4())
+    broker.publish(queue, b"contended", props(message_id))
+    consumer = run_consumer(pg_engine, queue, loses_once)
+    wait_until(lambda: consumer.processor.counts.get("processed") == 1)
+    assert runs == [1, 1]  # the same attempt, run again here: no trip through a retry queue
+    assert consumer.processor.counts == {"processed": 1}
+    with pg_engine.connect() as conn:
+        assert conn.execute(text("SELECT id FROM conflict_effects")).scalars().all() == [message_id]
+
+
+class Shutdown(Exception):
+    """A driver error carrying PostgreSQL's admin_shutdown SQLSTATE."""
+
+    sqlstate = "57P01"
+
+
+def test_waiting_to_requeue_does_not_block_the_connection(
+    effects: Engine, amqp_url: str, broker: Broker, queue: str
+) -> None:
+    # Before: the callback slept for db_unavailable_delay inside pika, so nothing else (stop(),
+    # heartbeats) happened until it woke up.
+    def database_down(_session: Session, _message: outbox.Message) -> None:
+        raise OperationalError("SELECT 1", {}, Shutdown("terminating connection"))
+
+    broker.publish(queue, b"waits", props(str(uuid.uuid4())))
+    policy = ConsumerPolicy(db_unavailable_delay=60.0)
+    consumer = outbox.Consumer(effects, amqp_url, queue, database_down, policy=policy)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: consumer.processor.counts.get("requeued") == 1)
+        stopping = time.monotonic()
+        consumer.stop()
+        thread.join(10)
+        assert not thread.is_alive(), "stop() waited for the requeue delay"
+        assert time.monotonic() - stopping < 5
+    finally:
+        consumer.stop()
+        thread.join(70)
+    assert wait_until(lambda: broker.depth(queue) == 1)  # unacked, so the broker took it back
+
+
+def test_deliveries_during_a_database_outage_go_back_untried(
+    effects: Engine, broker: Broker, queue: str, run_consumer: Callable[..., outbox.Consumer]
+) -> None:
+    tried: list[str] = []
+
+    def down_at_first(session: Session, message: outbox.Message) -> None:
+        tried.append(message.text())
+        if len(tried) == 1:
+            raise OperationalError("SELECT 1", {}, Shutdown("terminating connection"))
+        record_effect(session, message)
+
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    for n, message_id in enumerate(ids):
+        broker.publish(queue, f"m{n}".encode(), props(message_id))
+    policy = ConsumerPolicy(db_unavailable_delay=1.0)
+    consumer = run_consumer(effects, queue, down_at_first, policy=policy)
+    wait_until(lambda: consumer.processor.counts.get("processed") == 3, timeout=15)
+    assert tried[0] == "m0"
+    assert len(tried) == 4  # m1 and m2 arrived during the pause: back to the queue, not run
+    assert effect_counts(effects) == dict.fromkeys(ids, 1)
+
+
+# --------------------------------------------------------------------------- inbox retention
+
+
+def test_the_purge_deletes_only_its_own_old_rows_in_batches_off_the_connection_thread(
+    effects: Engine, broker: Broker, queue: str, run_consumer: Callable[..., outbox.Consumer]
+) -> None:
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=30)
+    new = dt.datetime.now(dt.UTC)
+    rows = [("billing", f"old-{n}", old) for n in range(25)]
+    rows += [("billing", f"new-{n}", new) for n in range(3)]
+    rows += [("shipping", f"old-{n}", old) for n in range(5)]  # another consumer's: kept
+    with effects.begin() as conn:
+        conn.execute(
+            insert(inbox), [{"consumer": c, "message_id": m, "processed_at": t} for c, m, t in rows]
+        )
+    deletes: list[threading.Thread] = []
+
+    def watch(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith("DELETE"):
+            deletes.append(threading.current_thread())
+
+    handler_threads: list[threading.Thread] = []
+
+    def handler(session: Session, message: outbox.Message) -> None:
+        handler_threads.append(threading.current_thread())
+
+    event.listen(effects, "before_cursor_execute", watch)
+    try:
+        consumer = run_consumer(
+            effects,
+            queue,
+            handler,
+            name="billing",
+            inbox_retention=dt.timedelta(days=7),
+            purge_batch_size=10,
+        )
+        wait_until(lambda: inbox_counts(effects).get(("billing", "old")) is None)
+        broker.publish(queue, b"after", props(str(uuid.uuid4())))
+        wait_until(lambda: consumer.processor.counts.get("processed") == 1)
+    finally:
+        event.remove(effects, "before_cursor_execute", watch)
+    assert inbox_counts(effects) == {("billing", "new"): 4, ("shipping", "old"): 5}
+    assert len(deletes) == 3  # 10 + 10 + 5: one statement per batch, not one per row
+    assert handler_threads[0] not in deletes  # pika's connection thread never ran the purge
+
+
+def inbox_counts(engine: Engine) -> dict[tuple[str, str], int]:
+    """Inbox rows by consumer and message-id prefix ("old"/"new"; a uuid counts as "new")."""
+    with engine.connect() as conn:
+        found = conn.execute(select(inbox.c.consumer, inbox.c.message_id)).all()
+    counts: dict[tuple[str, str], int] = {}
+    for consumer, message_id in found:
+        key = (consumer, "old" if message_id.startswith("old-") else "new")
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def test_purge_inbox_takes_a_consumer(app_engine: Engine) -> None:
+    with Session(app_engine) as session, session.begin():
+        for consumer in ("billing", "shipping"):
+            outbox.process_once(session, consumer=consumer, message_id="m1")
+    past = dt.timedelta(seconds=-1)
+    assert outbox.purge_inbox(app_engine, older_than=past, consumer="billing") == 1
+    with app_engine.connect() as conn:
+        left = conn.execute(select(inbox.c.consumer, func.count()).group_by(inbox.c.consumer))
+        assert {str(c): int(n) for c, n in left} == {"shipping": 1}
+    with pytest.raises(outbox.OutboxError):
+        outbox.purge_inbox(app_engine, older_than=past, batch_size=0)
