@@ -116,9 +116,9 @@ class Relay:
         counts = Counts()
         now = self._clock()
         self._settle(counts)
+        self._give_up_overdue(now)
         upkeep = self.maintenance
         if now >= upkeep.next_upkeep:
-            self._give_up_overdue(now)
             try:
                 upkeep.upkeep(counts, now)
             except DatabaseUnavailable as exc:
