@@ -47,6 +47,16 @@ class Row:
     # From the end of the last fault until every message committed before it had arrived: how
     # long the relay took to catch up with what the fault held back.
     recovery_s: float
+    innocent_dead: int = 0  # rows the writers committed that ended dead
+    connections_lost: int = 0  # broker.lost in the relay's log
+    steady_connection: bool = False  # the fault must not cost the relay its broker connection
+    poisoned: int = 0  # rows spoiled by the fault (never to be delivered)
+    poison_dead: int = 0  # of those, how many ended dead
+
+    @property
+    def ok(self) -> bool:
+        lost_connection = self.steady_connection and self.connections_lost > 0
+        return self.report.ok and self.innocent_dead == 0 and not lost_connection
 
 
 # --------------------------------------------------------------------------- parts
@@ -234,6 +244,9 @@ class Context:
     db_proxy: TcpProxy | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(7))
     writers: Writers | None = None
+    engine: Engine | None = None
+    exchange: str = ""
+    poisoned: set[str] = field(default_factory=set)  # ids of rows a fault spoiled
 
 
 Fault = Callable[[Context], None]
@@ -242,6 +255,7 @@ Fault = Callable[[Context], None]
 def run(
     name: str, fault: Fault, *, messages: int, rate: float = 1000.0, proxy_broker: bool = False,
     proxy_db: bool = False, settle_timeout: float = 120.0, workdir: Path | None = None,
+    steady_connection: bool = False,
 ) -> Row:  # fmt: skip
     checker = DeliveryChecker()
     workdir = workdir or Path(os.environ.get("TMPDIR", "/tmp"))
@@ -255,7 +269,9 @@ def run(
         consumer = Consumer(queue, checker)
         consumer.start()
         writers = Writers(engine, exchange, checker, total=messages, rate=rate)
-        ctx = Context(relay, broker_proxy, db_proxy, writers=writers)
+        ctx = Context(
+            relay, broker_proxy, db_proxy, writers=writers, engine=engine, exchange=exchange
+        )
         relay.start()
         writers.start()
         try:
@@ -280,7 +296,21 @@ def run(
                     proxy.close()
         if writers.errors:
             raise RuntimeError(f"{name}: writers failed: {writers.errors[:3]}")
-        return Row(name, checker.report(), recovery)
+        with engine.connect() as conn:
+            dead = {
+                str(uuid.UUID(str(i)))
+                for (i,) in conn.execute(text("SELECT id FROM outbox_message WHERE state = 'dead'"))
+            }
+        return Row(
+            name,
+            checker.report(),
+            recovery,
+            innocent_dead=len(dead - ctx.poisoned),
+            connections_lost=relay.log.read_text(errors="replace").count("broker.lost"),
+            steady_connection=steady_connection,
+            poisoned=len(ctx.poisoned),
+            poison_dead=len(dead & ctx.poisoned),
+        )
 
 
 def kill_relay(kills: int, between: tuple[float, float] = (0.3, 1.5)) -> Fault:
@@ -352,11 +382,54 @@ def memory_alarm(seconds: float) -> Fault:
     return fault
 
 
+# What a hand-edited or foreign row may hold (PostgreSQL columns keep their types, so these are
+# values of the right type the wire cannot carry): (column, SQL expression of :value, value).
+POISON: list[tuple[str, str, str]] = [
+    ("headers", "CAST(:value AS json)", "[" * 5000 + "]" * 5000),  # RecursionError to json.loads
+    ("headers", "CAST(:value AS json)", '{"n": 1e400}'),  # infinity
+    ("headers", "CAST(:value AS json)", '{"big": "' + "x" * 140_000 + '"}'),  # over frame_max
+    ("headers", "CAST(:value AS json)", '{"big": "' + "x" * 40_000 + '", "n": null}'),
+    ("headers", "CAST(:value AS json)", '{"' + "h" * 300 + '": 1}'),  # name over 255 bytes
+    ("headers", "CAST(:value AS json)", "[1, 2]"),  # not an object
+    ("content_type", ":value", "é" * 200),  # 400 bytes: over AMQP's shortstr
+    ("routing_key", ":value", "é" * 200),
+]
+
+
+def poison_rows(count: int, every: float) -> Fault:
+    """Commit rows spoiled by raw SQL while the writers run: each must end dead on its own,
+    without costing the relay its connection or any other message anything."""
+
+    def fault(ctx: Context) -> None:
+        assert ctx.engine is not None
+        for n in range(count):
+            time.sleep(every)
+            column, expression, value = POISON[n % len(POISON)]
+            with ctx.engine.begin() as conn:  # one transaction: never seen unspoiled
+                message_id = outbox.enqueue(
+                    conn,
+                    exchange=ctx.exchange,
+                    routing_key="chaos",
+                    payload={"poison": n},
+                    key=f"poison-{n}" if n % 2 else None,  # its own key: it holds no writer's
+                )
+                conn.execute(
+                    text(f"UPDATE outbox_message SET {column} = {expression} WHERE id = :id"),
+                    {"id": message_id, "value": value},
+                )
+            ctx.poisoned.add(str(message_id))
+
+    return fault
+
+
 def table(rows: list[Row]) -> str:
-    header = ["fault", "messages", "lost", "unexpected", "duplicated", "out of order", "recovery"]
+    header = ["fault", "messages", "lost", "unexpected", "duplicated", "out of order",
+              "innocent dead", "conn lost", "poison dead", "recovery"]  # fmt: skip
     body = [
         [r.fault, f"{r.report.committed:,}", str(r.report.lost), str(r.report.unexpected),
-         str(r.report.duplicated), str(r.report.out_of_order), f"{r.recovery_s:.1f} s"]
+         str(r.report.duplicated), str(r.report.out_of_order), str(r.innocent_dead),
+         str(r.connections_lost), f"{r.poison_dead}/{r.poisoned}" if r.poisoned else "-",
+         f"{r.recovery_s:.1f} s"]
         for r in rows
     ]  # fmt: skip
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]

@@ -21,8 +21,9 @@ from tests.chaos import run
         ),
         ("database connection cut x1", run.cut("db", 1, down=2.0, up=1.5), {"db": True}),
         ("slow broker", run.slow_broker(0.01, 3.0), {"broker": True}),
+        ("poison rows x16", run.poison_rows(16, every=0.25), {"steady": True}),
     ],
-    ids=["kill", "broker-cut", "db-cut", "slow-broker"],
+    ids=["kill", "broker-cut", "db-cut", "slow-broker", "poison-rows"],
 )
 def test_nothing_is_lost_unexpected_or_out_of_order(
     name: str, fault: run.Fault, proxies: dict[str, bool], amqp_url: str, tmp_path: Path,
@@ -37,10 +38,13 @@ def test_nothing_is_lost_unexpected_or_out_of_order(
         workdir=tmp_path,
         proxy_broker=proxies.get("broker", False),
         proxy_db=proxies.get("db", False),
+        steady_connection=proxies.get("steady", False),
     )
     with capsys.disabled():
         print(f"\n{run.table([row])}")
     report = row.report
     logs = "".join(p.read_text()[-3000:] for p in tmp_path.glob("chaos-*.log"))
     assert report.committed > 1800
-    assert report.ok, (report, logs)
+    assert row.ok, (row, logs)
+    if row.poisoned:
+        assert row.poison_dead == row.poisoned, row
