@@ -21,7 +21,8 @@ def add_parsers(sub: Commands) -> None:
     producer = sub.add_parser(
         "demo-producer", help="write demo orders with their outbox rows (docker-compose demo)"
     )
-    producer.add_argument("--orders", type=int, default=0, help="orders to write; 0: until stopped")
+    producer.add_argument("--orders", type=argparse_type(non_negative_int), default=0,
+                          help="orders to write; 0: until stopped")  # fmt: skip
     producer.add_argument("--rate", type=rate, default=2.0, help="orders per second")
     consumer = sub.add_parser("demo-consumer", help="consume the demo orders (outbox.Consumer)")
     for p in (producer, consumer):
@@ -29,6 +30,10 @@ def add_parsers(sub: Commands) -> None:
         # consumer share.
         p.add_argument("--exchange", help="exchange to declare and publish to")
         p.add_argument("--queue", help="queue bound to it")
+
+
+def non_negative_int(raw: str) -> int:
+    return 0 if raw.strip() == "0" else positive_int(raw)
 
 
 def _names(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,11 +1,14 @@
 """`outbox-relay`: the command groups' parsers assembled, and the command dispatched.
 
-Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration (one line, no traceback).
+Exit codes: 0 success (a closed output pipe included), 1 runtime failure, 2 bad usage or
+configuration; each failure is one line on stderr, never a traceback (--log-level DEBUG logs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -14,10 +17,14 @@ from typing import NoReturn
 
 from relay.cli import circuits, demo, messages, retention, run, schema
 from relay.cli.options import Handler, accept_global_options_after, add_global_options, configure
-from relay.errors import ConfigError, RelayError
+from relay.core.urls import secrets_of
+from relay.errors import BrokerUnavailable, ConfigError, RelayError, plain_broker_error
 from relay.runtime import logs
+from relay.runtime.logs import one_line
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+log = logging.getLogger("relay")
 
 _COMMANDS: dict[str, Handler] = {
     **run.COMMANDS,
@@ -32,7 +39,7 @@ _COMMANDS: dict[str, Handler] = {
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, not a usage dump: operators read this in container logs.
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
 def _version() -> str:
@@ -62,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so the interpreter's final flush does not
+    print a BrokenPipeError of its own."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # not a real file (captured in tests): nothing will flush to the pipe
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -70,19 +87,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = configure(args, os.environ)
     except ConfigError as exc:
-        print(f"outbox-relay: error: {exc}", file=sys.stderr)
+        print(f"outbox-relay: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     logs.setup(config.log_level)
+    secrets = secrets_of(config.db_url, config.amqp_url)
+
+    def fail(code: int, message: str) -> int:
+        print(one_line(message, secrets), file=sys.stderr)
+        return code
+
     try:
-        return _COMMANDS[args.command](config, args)
+        code = _COMMANDS[args.command](config, args)
+        sys.stdout.flush()  # here, so a closed pipe is seen below and not at exit
+        return code
+    except BrokenPipeError:
+        # `outbox-relay messages | head`: the reader has what it wanted.
+        _quiet_stdout()
+        return EXIT_OK
     except ConfigError as exc:
-        print(f"outbox-relay: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(EXIT_USAGE, f"outbox-relay: error: {exc}")
+    except BrokerUnavailable as exc:
+        return fail(
+            EXIT_FAILURE, f"outbox-relay: {args.command} failed: {plain_broker_error(str(exc))}"
+        )
     except RelayError as exc:
-        print(f"outbox-relay: {args.command} failed: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return fail(EXIT_FAILURE, f"outbox-relay: {args.command} failed: {exc}")
     except KeyboardInterrupt:
         return EXIT_FAILURE
+    except Exception as exc:
+        # A bug, or a failure nobody translated: still one line; the traceback at DEBUG.
+        log.debug("command.failed", exc_info=True)
+        return fail(
+            EXIT_FAILURE,
+            f"outbox-relay: {args.command} failed unexpectedly: {type(exc).__name__}: {exc} "
+            "(--log-level DEBUG logs the traceback)",
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,18 +10,20 @@ import datetime as dt
 import json
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Engine
 from tqdm import tqdm
 
 from outbox.states import State
-from relay.cli.options import Commands, Handler
+from relay.cli.options import Commands, Handler, argparse_type
 from relay.core.durations import parse_moment
 from relay.errors import ConfigError
-from relay.runtime.config import RelayConfig
+from relay.runtime.config import RelayConfig, positive_int
+from relay.runtime.logs import printable
 from relay.store import admin, command_engine
 
 BULK_CHUNK = 500
@@ -60,7 +62,8 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
 def add_parsers(sub: Commands) -> None:
     messages = sub.add_parser("messages", help="list messages, newest first, with filters")
     _add_filters(messages)
-    messages.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    messages.add_argument("--limit", type=argparse_type(positive_int), default=50,
+                          help="at most this many (default 50)")  # fmt: skip
     messages.add_argument("--json", action="store_true")
 
     show = sub.add_parser("show", help="one message: fields, headers and attempt history")
@@ -121,7 +124,7 @@ def _iso(value: Any) -> str:
         return "-"
     if isinstance(value, dt.datetime):
         return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return str(value)
+    return printable(str(value))
 
 
 def _jsonable(value: Any) -> Any:
@@ -138,7 +141,8 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+def table(cells: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    rows = [[printable(c) for c in r] for r in cells]  # stored text reaches the terminal escaped
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
     ]
@@ -158,7 +162,7 @@ def cmd_messages(config: RelayConfig, args: argparse.Namespace) -> int:
     with operator_engine(config) as engine:
         rows = admin.list_messages(engine, _filter(args, utc_now()), args.limit)
     if args.json:
-        print(json.dumps([_jsonable(r) for r in rows]))
+        print(json.dumps([_jsonable(r) for r in rows], default=str))
         return 0
     print(table(
         [
@@ -173,13 +177,22 @@ def cmd_messages(config: RelayConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _bytes(value: Any) -> bytes:
+    # A hand-edited row (SQLite) may hold TEXT, or NULL, where the payload's bytes belong.
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    return bytes(value)
+
+
 def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
     with operator_engine(config) as engine:
         found = admin.get_message(engine, args.id)
     if found is None:
         print(f"outbox-relay: show: no message with id {args.id}", file=sys.stderr)
         return 1
-    payload: bytes = bytes(found.pop("payload"))
+    payload = _bytes(found.pop("payload"))
     if args.json:
         out = _jsonable(found)
         try:
@@ -187,7 +200,7 @@ def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
         except UnicodeDecodeError:
             out["payload"] = None
         out["payload_bytes"] = len(payload)
-        print(json.dumps(out))
+        print(json.dumps(out, default=str))  # a hand-corrupted row may hold any type
         return 0
     history = found.pop("attempt_history")
     fields = [
@@ -200,13 +213,16 @@ def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
     for f in fields:
         print(f"{f:<{width}}  {_iso(found.get(f))}")
     headers = found.get("headers") or {}
-    print(f"{'headers':<{width}}  " + (json.dumps(headers) if headers else "-"))
+    # json.dumps escapes control characters itself; a row whose headers are not a mapping is
+    # shown as stored, escaped.
+    shown = json.dumps(headers, default=str) if isinstance(headers, dict) else _iso(headers)
+    print(f"{'headers':<{width}}  " + (shown if headers else "-"))
     try:
         text = payload.decode("utf-8")
         preview = text if len(text) <= 2000 else text[:2000] + f"… ({len(payload)} bytes)"
     except UnicodeDecodeError:
         preview = f"<{len(payload)} bytes of binary>"
-    print(f"{'payload':<{width}}  {preview}")
+    print(f"{'payload':<{width}}  {printable(preview, keep=chr(10) + chr(9))}")
     print()
     print(table(
         [[str(h["attempt"]), _iso(h["at"]), h["outcome"], h["failure_class"],
@@ -234,34 +250,71 @@ def _bulk(
     if not args.ids and not args.state:
         raise ConfigError(f"{verb}: give message ids, or --state {default_states[0]} [filters]")
     now = utc_now()
-    with operator_engine(config) as engine:
-        ids = list(args.ids) if args.ids else admin.matching_ids(engine, _filter(args, now))
-        if args.dry_run:
-            matched = admin.list_messages(
-                engine, admin.MessageFilter(ids=ids, states=list(default_states)), len(ids) or 1
-            ) if ids else []  # fmt: skip
-            if args.json:
-                print(
-                    json.dumps({"dry_run": True, "would_" + verb: [str(r["id"]) for r in matched]})
-                )
-            else:
-                print(f"would {verb} {len(matched)} message(s) (dry run; nothing changed)")
-            return 0
-        changed: list[uuid.UUID] = []
-        with tqdm(total=len(ids), desc=verb, unit="msg", file=sys.stderr,
-                  disable=not sys.stderr.isatty() or len(ids) <= BULK_CHUNK) as bar:  # fmt: skip
-            for start in range(0, len(ids), BULK_CHUNK):
-                chunk = ids[start : start + BULK_CHUNK]
-                changed += action(engine, chunk, now=now, by=f"operator:{verb}")
-                bar.update(len(chunk))
-    skipped = len(ids) - len(changed)
+    flt = admin.MessageFilter(ids=tuple(args.ids)) if args.ids else _filter(args, now)
     past = {"replay": "replayed", "discard": "discarded"}[verb]
-    if args.json:
-        print(json.dumps({past: [str(i) for i in changed], "skipped": skipped}))
+    with operator_engine(config) as engine:
+        if args.dry_run:
+            # What would change: the matches still in a state this command changes.
+            states = [s for s in (flt.states or default_states) if s in default_states]
+            would = _JsonIds({"dry_run": True}, f"would_{verb}") if args.json else None
+            n = 0
+            if states:
+                for batch in admin.matching_batches(
+                    engine, replace(flt, states=states), BULK_CHUNK
+                ):
+                    n += len(batch)
+                    if would is not None:
+                        would.add(batch)
+            if would is not None:
+                would.close({})
+            else:
+                print(f"would {verb} {n} message(s) (dry run; nothing changed)")
+            return 0
+        # Streamed: a whole state is never held in memory, nor bound into one statement.
+        batches: Iterator[Sequence[uuid.UUID]] = (
+            (args.ids[i : i + BULK_CHUNK] for i in range(0, len(args.ids), BULK_CHUNK))
+            if args.ids
+            else admin.matching_batches(engine, flt, BULK_CHUNK)
+        )
+        show = sys.stderr.isatty()
+        # Counting costs a query, so only for a bar someone is watching.
+        total = (len(args.ids) if args.ids else admin.count_messages(engine, flt)) if show else 0
+        changed = _JsonIds({}, past) if args.json else None
+        seen = done = 0
+        with tqdm(total=total, desc=verb, unit="msg", file=sys.stderr,
+                  disable=not show or total <= BULK_CHUNK) as bar:  # fmt: skip
+            for chunk in batches:
+                result = action(engine, list(chunk), now=now, by=f"operator:{verb}")
+                seen, done = seen + len(chunk), done + len(result)
+                if changed is not None:
+                    changed.add(result)
+                bar.update(len(chunk))
+    skipped = seen - done
+    if changed is not None:
+        changed.close({"skipped": skipped})
     else:
         note = f" ({skipped} skipped: not in a state this command changes)" if skipped else ""
-        print(f"{past} {len(changed)} message(s){note}")
+        print(f"{past} {done} message(s){note}")
     return 0
+
+
+class _JsonIds:
+    """One JSON object whose `key` lists ids, written as they come (a bulk command's ids are
+    never all in memory): `{...head, key: [ids...], ...tail}`."""
+
+    def __init__(self, head: dict[str, Any], key: str) -> None:
+        opening = json.dumps(head)[:-1]
+        sys.stdout.write(f"{opening}{', ' if head else ''}{json.dumps(key)}: [")
+        self._first = True
+
+    def add(self, ids: Sequence[uuid.UUID]) -> None:
+        for i in ids:
+            sys.stdout.write(("" if self._first else ", ") + json.dumps(str(i)))
+            self._first = False
+
+    def close(self, tail: dict[str, Any]) -> None:
+        rest = json.dumps(tail)[1:]
+        sys.stdout.write("]" + (", " + rest if tail else "}") + "\n")
 
 
 def cmd_replay(config: RelayConfig, args: argparse.Namespace) -> int:
@@ -273,8 +326,12 @@ def cmd_discard(config: RelayConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(config: RelayConfig, args: argparse.Namespace) -> int:
+    ids: list[uuid.UUID] = list(dict.fromkeys(args.ids))  # each once, in the order given
+    results: dict[uuid.UUID, str] = {}
     with operator_engine(config) as engine:
-        results = admin.cancel(engine, list(args.ids), now=utc_now(), by="operator:cancel")
+        for i in range(0, len(ids), BULK_CHUNK):  # a bounded IN list per statement
+            chunk = ids[i : i + BULK_CHUNK]
+            results.update(admin.cancel(engine, chunk, now=utc_now(), by="operator:cancel"))
     if args.json:
         print(json.dumps({str(k): v for k, v in results.items()}))
     else:
@@ -284,7 +341,7 @@ def cmd_cancel(config: RelayConfig, args: argparse.Namespace) -> int:
             elif state == "not found":
                 print(f"{message_id}  not found")
             else:
-                print(f"{message_id}  too late: the message is {state}")
+                print(f"{message_id}  too late: the message is {printable(state)}")
     return 0 if all(s == "cancelled" for s in results.values()) else 1
 
 

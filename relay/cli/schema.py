@@ -12,6 +12,7 @@ from relay.cli.messages import operator_engine, per_exchange, table
 from relay.cli.options import Commands, Handler
 from relay.core.urls import redact
 from relay.runtime.config import RelayConfig
+from relay.store import admin
 from relay.store.sql_store import open_store
 
 log = logging.getLogger("relay")
@@ -24,10 +25,8 @@ def add_parsers(sub: Commands) -> None:
 
 
 def cmd_migrate(config: RelayConfig, args: argparse.Namespace) -> int:
-    from outbox.migrate import upgrade
-
     with operator_engine(config) as engine:
-        version = upgrade(engine)
+        version = admin.migrate(engine)
     log.info("schema.migrated", extra={"version": version, "db": redact(config.db_url)})
     return 0
 

@@ -8,14 +8,21 @@ import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+# The longest duration accepted: anything longer is a typo, and would overflow a datetime
+# (now - 99999999d), a wait (threading's TIMEOUT_MAX) or a database interval.
+MAX_SECONDS = 100 * 365 * 86400.0
+MAX_TEXT = "100 years"
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in `text`; raise ValueError naming the accepted forms."""
+    """Seconds in `text`, at most MAX_SECONDS; raise ValueError naming the accepted forms."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"{text!r} is not a duration (use e.g. 90, 30s, 15m, 2h, 7d)")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if not seconds <= MAX_SECONDS:  # `not <=`: 400 digits read as inf
+        raise ValueError(f"{text!r} is longer than {MAX_TEXT}")
+    return seconds
 
 
 def positive_duration(text: str) -> float:
@@ -37,16 +44,16 @@ def format_duration(seconds: float) -> str:
 
 
 def parse_moment(text: str, now: dt.datetime) -> dt.datetime:
-    """A point in time: a duration means that long before `now`; otherwise ISO 8601 (UTC if no
-    offset is given)."""
-    try:
+    """A point in time (UTC): a duration means that long before `now`; otherwise ISO 8601 (UTC if
+    no offset is given). ValueError names the problem."""
+    if _DURATION.match(text):
         return now - dt.timedelta(seconds=parse_duration(text))
-    except ValueError:
-        pass
     try:
         moment = dt.datetime.fromisoformat(text)
-    except ValueError:
+        # Normalised here, so a moment at the edge of the calendar (0001-01-01T00:00+05:00)
+        # fails now, not when a query binds it.
+        return (moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+    except (ValueError, OverflowError):
         raise ValueError(
             f"{text!r} is neither a duration (2h, 7d) nor an ISO timestamp (2026-11-22T08:00)"
         ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)

@@ -9,6 +9,7 @@ bad value is reported under the name it came from, and only by a command that re
 
 from __future__ import annotations
 
+import ast
 import math
 import os
 import socket
@@ -21,6 +22,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from relay.core.circuit import CircuitSettings
+from relay.core.durations import MAX_SECONDS as MAX_DURATION_SECONDS
 from relay.core.durations import format_duration, positive_duration
 from relay.core.failures import FailureClass
 from relay.core.policy import RetryPolicy
@@ -35,6 +37,11 @@ DEFAULT_DB_URL = "sqlite:///outbox.db"
 DEFAULT_AMQP_URL = "amqp://guest:guest@localhost:5672/%2F"
 # What a dead keyed message does to the rest of its key: holds it, or is passed over.
 DEAD_KEY_MODES = ("hold", "skip")
+# The largest count accepted: what a database INTEGER holds (attempts, limits are bound into SQL).
+MAX_INT = 2**31 - 1
+# The longest time in seconds accepted: longer is a typo, and would overflow a wait
+# (threading.TIMEOUT_MAX) or a database interval.
+MAX_SECONDS = MAX_DURATION_SECONDS
 
 
 def default_relay_id() -> str:
@@ -167,7 +174,7 @@ def parse_db_url(raw: str) -> URL:
     """The database URL the store will open (relay.store.databases knows which); ConfigError
     naming --db otherwise."""
     try:
-        return database_url(raw)
+        return _database_url(raw)
     except ConfigError as exc:
         raise ConfigError(f"--db: {exc}") from None
 
@@ -192,7 +199,70 @@ def _amqp_url(raw: str) -> urllib.parse.SplitResult:
         _ = parts.port
     except ValueError:
         raise ValueError(f"{redact(raw)!r} has an invalid port") from None
+    for name, values in urllib.parse.parse_qs(parts.query, keep_blank_values=True).items():
+        _amqp_option(name, values)
     return parts
+
+
+def _count(low: int, high: int | None = None) -> Callable[[str], bool]:
+    top = high if high is not None else MAX_INT
+    return lambda v: v.isascii() and v.isdigit() and len(v) <= 10 and low <= int(v) <= top
+
+
+def _seconds_at_least(low: float, *, equal: bool) -> Callable[[str], bool]:
+    def check(v: str) -> bool:
+        try:
+            n = float(v)
+        except ValueError:
+            return False
+        return math.isfinite(n) and (n >= low if equal else n > low) and n <= MAX_SECONDS
+
+    return check
+
+
+def _literal(kind: type) -> Callable[[str], bool]:
+    def check(v: str) -> bool:
+        try:
+            return isinstance(ast.literal_eval(v), kind)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return False
+
+    return check
+
+
+# The query parameters pika reads from an AMQP URL, what each accepts (pika's own ranges), and
+# how to say it. Checked here so a bad one is a usage error naming it, not pika's traceback.
+_AMQP_OPTIONS: Mapping[str, tuple[Callable[[str], bool], str]] = {
+    "heartbeat": (_count(0, 65535), "an integer number of seconds, 0 to 65535"),
+    "channel_max": (_count(1, 65535), "an integer, 1 to 65535"),
+    "frame_max": (_count(4096, 131072), "an integer, 4096 to 131072"),
+    "connection_attempts": (_count(1), "a positive integer"),
+    "retry_delay": (_seconds_at_least(0, equal=True), "a number of seconds, 0 or more"),
+    "socket_timeout": (_seconds_at_least(0, equal=False), "a positive number of seconds"),
+    "stack_timeout": (_seconds_at_least(0, equal=False), "a positive number of seconds"),
+    "blocked_connection_timeout": (
+        _seconds_at_least(0, equal=True),
+        "a number of seconds, 0 or more",
+    ),
+    "locale": (bool, "a locale name"),
+    "client_properties": (_literal(dict), "a Python dict literal"),
+    "ssl_options": (_literal(dict), "a Python dict literal"),
+    "tcp_options": (_literal(dict), "a Python dict literal"),
+}
+
+
+def _amqp_option(name: str, values: list[str]) -> None:
+    known = _AMQP_OPTIONS.get(name)
+    if known is None:
+        raise ValueError(
+            f"unknown URL parameter {name!r} (known: {', '.join(sorted(_AMQP_OPTIONS))})"
+        )
+    check, expected = known
+    if len(values) != 1:
+        raise ValueError(f"URL parameter {name!r} is given {len(values)} times")
+    if not check(values[0]):
+        # The value is not echoed: it is part of a secret setting.
+        raise ValueError(f"URL parameter {name!r} must be {expected}")
 
 
 # --------------------------------------------------------------------------- reading text
@@ -207,6 +277,8 @@ def positive_int(raw: str) -> int:
         raise ValueError(f"{raw!r} is not an integer") from None
     if value <= 0:
         raise ValueError(f"{raw!r} must be positive")
+    if value > MAX_INT:
+        raise ValueError(f"{raw!r} is too large (at most {MAX_INT})")
     return value
 
 
@@ -217,6 +289,8 @@ def _number(raw: str) -> float:
         raise ValueError(f"{raw!r} is not a number") from None
     if not math.isfinite(value):
         raise ValueError(f"{raw!r} is not a finite number")
+    if abs(value) > MAX_SECONDS:
+        raise ValueError(f"{raw!r} is too large (at most {MAX_SECONDS:.0f} seconds, 100 years)")
     return value
 
 
@@ -240,7 +314,8 @@ def age(raw: str) -> float | None:
 
 
 def port(raw: str) -> int:
-    if not raw.isdigit() or int(raw) > 65535:
+    # isascii: isdigit() alone accepts "²", which int() refuses.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 5) or int(raw) > 65535:
         raise ValueError(f"{raw!r} is not a port number (0 to 65535)")
     return int(raw)
 
@@ -284,8 +359,9 @@ def exchange_limits(raw: str) -> dict[str, int]:
 
     def read(item: str, whole: str) -> tuple[str, int]:
         name, sep, number = item.rpartition("=")
-        if not sep or not number.isdigit() or int(number) < 1:
-            raise ValueError(f"{whole!r}: {item!r} is not EXCHANGE=N with N >= 1")
+        ok = number.isascii() and number.isdigit() and len(number) <= 10
+        if not sep or not ok or not 1 <= int(number) <= MAX_INT:
+            raise ValueError(f"{whole!r}: {item!r} is not EXCHANGE=N with 1 <= N <= {MAX_INT}")
         return name, int(number)
 
     return _pairs(raw, read)
@@ -311,10 +387,21 @@ def rate_limits(raw: str) -> dict[str, float]:
 
 def db_url(raw: str) -> str:
     try:
-        database_url(raw)
+        _database_url(raw)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
     return raw
+
+
+def _database_url(raw: str) -> URL:
+    try:
+        return database_url(raw)
+    except ValueError:
+        # SQLAlchemy reads the port with int() and lets its ValueError out; the rest of the
+        # URL is not echoed (it may hold a password).
+        raise ConfigError(
+            "the database URL has an invalid port (expected e.g. postgresql+psycopg://host:5432/db)"
+        ) from None
 
 
 def amqp_url(raw: str) -> str:

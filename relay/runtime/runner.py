@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from types import FrameType
 
-from outbox.migrate import current_version
 from outbox.schema import SCHEMA_VERSION
 from relay.amqp.publisher import Publisher
-from relay.errors import ConfigError, SchemaNotFound
+from relay.core.urls import secrets_of
+from relay.errors import ConfigError, RelayError, SchemaNotFound
 from relay.loop.relay import Relay
 from relay.loop.wiring import wire_relay
 from relay.runtime.config import RelayConfig
 from relay.runtime.health import HealthServer
+from relay.runtime.logs import one_line
 from relay.runtime.telemetry import Telemetry, setup
 from relay.runtime.wakeup import listener_for
 from relay.store.sql_store import SqlStore, open_store
@@ -22,14 +24,13 @@ from relay.store.sql_store import SqlStore, open_store
 log = logging.getLogger("relay")
 
 
-class _Abort(BaseException):
-    """Raised by the second signal: stop now."""
+# How long a second signal waits for the held rows to be released before the process exits.
+ABORT_RELEASE_TIMEOUT = 5.0
 
 
 def check_schema(store: SqlStore) -> None:
     """Fail fast, with a clear message, when the schema is missing or older than this relay."""
-    with store.engine.connect() as conn:
-        version = current_version(conn)
+    version = store.schema_version()  # behind the store's error boundary: one line if it fails
     if version == 0:
         raise SchemaNotFound("the outbox tables do not exist: run `outbox-relay migrate`")
     if version < SCHEMA_VERSION:
@@ -40,7 +41,9 @@ def check_schema(store: SqlStore) -> None:
 
 
 def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Relay:
-    store = open_store(config.db_url, hold_dead_keys=config.hold_dead_keys, scope=config.circuit_scope)
+    store = open_store(
+        config.db_url, hold_dead_keys=config.hold_dead_keys, scope=config.circuit_scope
+    )
     check_schema(store)
     publisher = Publisher(
         config.amqp_url,
@@ -100,14 +103,24 @@ def _run(config: RelayConfig, telemetry: Telemetry) -> int:
     if http is not None:
         http.start()
     signals = 0
+    # The second signal only sets this: raising from the handler would land at an arbitrary
+    # point of the main thread (inside psycopg or the pool), leaving the engine in a state no
+    # one should reuse. The abort thread releases through an engine of its own, then exits.
+    abort = threading.Event()
+    threading.Thread(
+        target=_abort_when, args=(abort, relay, config), name="abort", daemon=True
+    ).start()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         nonlocal signals
         signals += 1
         if signals == 1:
             relay.request_stop()
-        else:
-            raise _Abort
+            return
+        # A third signal kills the process at once, should the abort itself hang.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        abort.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -116,21 +129,19 @@ def _run(config: RelayConfig, telemetry: Telemetry) -> int:
         listener.start()
     try:
         relay.run()
-    except Exception:
-        # A bug or an unexpected database error: say so and exit non-zero. Leased rows come
-        # back when their lease expires, so nothing is lost.
-        log.exception("relay.crashed")
+    except Exception as exc:
+        # A bug or an unexpected database error: say so, in one line (the traceback at DEBUG),
+        # and exit non-zero. Leased rows come back when their lease expires: nothing is lost.
+        reason = one_line(
+            f"{type(exc).__name__}: {exc}", secrets_of(config.db_url, config.amqp_url)
+        )
+        log.error(
+            "relay.crashed",
+            extra={"error": reason},
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
         relay.release_all("relay crashed")
         return 1
-    except _Abort:
-        # Leave at once. Rows still leased are released so another relay can take them now;
-        # any this fails to release come back when their lease expires. Nothing is lost.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        released = relay.release_all("relay interrupted by a second signal")
-        log.warning("relay.aborted", extra={"released": released})
-        logging.shutdown()
-        os._exit(1)
     finally:
         if listener is not None:
             listener.stop()
@@ -138,3 +149,46 @@ def _run(config: RelayConfig, telemetry: Telemetry) -> int:
             http.stop()
         relay.store.close()
     return 0
+
+
+def _abort_when(requested: threading.Event, relay: Relay, config: RelayConfig) -> None:
+    """After a second signal: release what the relay holds, bounded, and leave at once.
+
+    Rows still leased are released so another relay can take them now; any this fails to
+    release (the database is slow or gone) come back when their lease expires. Nothing is lost.
+    """
+    requested.wait()
+    released: list[int] = []
+    worker = threading.Thread(
+        target=lambda: released.append(_release_held(relay, config)), name="abort-release"
+    )
+    worker.daemon = True
+    worker.start()
+    worker.join(ABORT_RELEASE_TIMEOUT)
+    log.warning("relay.aborted", extra={"released": released[0] if released else "unknown"})
+    logging.shutdown()
+    os._exit(1)
+
+
+def _release_held(relay: Relay, config: RelayConfig) -> int:
+    """Release the rows `relay` holds through a store of its own: the relay's engine may be in
+    use by the main thread, which goes on running until the process exits."""
+    why = "relay interrupted by a second signal"
+    store = open_store(
+        config.db_url,
+        check=False,
+        hold_dead_keys=config.hold_dead_keys,
+        scope=config.circuit_scope,
+    )
+    released = 0
+    try:
+        # A snapshot (list() of a dict is atomic under the GIL); the release statements are
+        # guarded by lease token, so a batch the main thread settles meanwhile is not touched.
+        for token, lease in list(relay._leases.items()):
+            try:
+                released += store.release(token, list(lease.rows), delay_seconds=0.0, error=why)
+            except RelayError as exc:
+                log.error("relay.release_failed", extra={"error": str(exc)})
+    finally:
+        store.close()
+    return released

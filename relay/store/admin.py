@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import (
@@ -24,10 +24,13 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.exc import DBAPIError
 
+from outbox.migrate import upgrade
 from outbox.schema import attempt, message
 from outbox.states import State
 from relay.core.retention import FAILED_STATES
+from relay.errors import MigrationDenied
 from relay.store.databases import dialect_for
 
 
@@ -136,6 +139,42 @@ def matching_ids(engine: Engine, flt: MessageFilter, limit: int | None = None) -
         stmt = stmt.limit(limit)
     with engine.connect() as conn:
         return [uuid.UUID(str(i)) for i in conn.execute(stmt).scalars()]
+
+
+def matching_batches(engine: Engine, flt: MessageFilter, size: int) -> Iterator[list[uuid.UUID]]:
+    """The ids `flt` matches, oldest first, `size` at a time: a bulk command over a whole state
+    never holds every id, and never binds more than `size` of them into one statement.
+
+    Each batch is its own short read, resumed after the last seq seen (keyset, not OFFSET), so
+    a caller may change the rows of one batch before asking for the next: a replayed row leaves
+    the filter's state, and nothing is skipped or seen twice.
+    """
+    if flt.ids:
+        for start in range(0, len(flt.ids), size):
+            chunk = replace(flt, ids=tuple(flt.ids[start : start + size]))
+            found = matching_ids(engine, chunk)
+            if found:
+                yield found
+        return
+    after: int | None = None
+    while True:
+        stmt = select(message.c.seq, message.c.id).where(*flt.where())
+        if after is not None:
+            stmt = stmt.where(message.c.seq > after)
+        with engine.connect() as conn:
+            rows = conn.execute(stmt.order_by(message.c.seq).limit(size)).all()
+        if rows:
+            yield [uuid.UUID(str(i)) for _, i in rows]
+        if len(rows) < size:
+            return
+        after = int(rows[-1][0])
+
+
+def count_messages(engine: Engine, flt: MessageFilter) -> int:
+    """How many messages `flt` matches (for a progress bar's total)."""
+    stmt = select(func.count()).select_from(message).where(*flt.where())
+    with engine.connect() as conn:
+        return int(conn.execute(stmt).scalar_one())
 
 
 REPLAYABLE = FAILED_STATES
@@ -274,3 +313,47 @@ def per_exchange(engine: Engine, now: dt.datetime) -> list[dict[str, Any]]:
             )
             out.append(entry)
     return out
+
+
+# SQLSTATEs of a role that may not do what a migration asks (never told apart by message text).
+_INSUFFICIENT_PRIVILEGE = "42501"
+_NO_SCHEMA = "3F000"  # nothing on the search_path exists, or the role may not use it
+
+
+def migrate(engine: Engine) -> int:
+    """Create or upgrade the outbox schema; return its version. A role that lacks a privilege
+    gets a MigrationDenied naming it (and the GRANT that gives it), not the driver's
+    error."""
+    try:
+        return upgrade(engine)
+    except DBAPIError as exc:
+        sqlstate = getattr(exc.orig, "sqlstate", None)
+        if sqlstate not in (_INSUFFICIENT_PRIVILEGE, _NO_SCHEMA):
+            raise
+        raise MigrationDenied(_missing_privilege(engine, exc, sqlstate)) from exc
+
+
+def _missing_privilege(engine: Engine, exc: DBAPIError, sqlstate: str) -> str:
+    try:
+        with engine.connect() as conn:
+            role, schema, database = conn.exec_driver_sql(
+                "SELECT current_user, current_schema(), current_database()"
+            ).one()
+    except DBAPIError:
+        role, schema, database = "this role", None, "this database"
+    if sqlstate == _NO_SCHEMA or schema is None:
+        return (
+            f"role {role} has no schema to create the outbox tables in: no schema on its "
+            f"search_path exists or grants it USAGE (GRANT USAGE, CREATE ON SCHEMA ... TO {role})"
+        )
+    verb = (exc.statement or "").lstrip().split(" ", 1)[0].upper()
+    if verb in ("CREATE", ""):
+        return (
+            f"role {role} lacks the CREATE privilege on schema {schema} of database {database}: "
+            f"run `GRANT CREATE ON SCHEMA {schema} TO {role}`, or migrate as the schema's owner"
+        )
+    # ALTER, and anything else a later migration does to an existing table, needs its owner.
+    return (
+        f"role {role} does not own the outbox tables in schema {schema} ({verb} needs the "
+        "owner's privileges): migrate as the role that created them"
+    )
