@@ -61,8 +61,10 @@ def encode_payload(
             text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
             body = text.encode("utf-8")
         except RecursionError:
-            check_depth("payload", payload, max_depth)  # names the limit
-            raise  # pragma: no cover - deeper than the limit, so check_depth raised
+            check_depth("payload", payload, max_depth)  # names the limit when it is lower
+            raise PayloadTooDeep(
+                "payload is nested too deep for JSON encoding (about 1,000 levels)"
+            ) from None
         except (TypeError, ValueError, UnicodeEncodeError) as exc:
             raise PayloadEncodingError(f"payload cannot be encoded as JSON: {exc}") from exc
         # Brackets in the text bound the depth from above (strings may hold some too): most
