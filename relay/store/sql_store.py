@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from outbox.encoding import load_stored_json
 from outbox.migrate import current_version
 from outbox.schema import is_missing_table
 from relay.core.bucket import Bucket
@@ -112,7 +113,7 @@ class SqlStore:
                 id=r[1],
                 exchange=r[2],
                 routing_key=r[3],
-                payload=bytes(r[4]),
+                payload=r[4],  # as stored: the wire checks its type, per row
                 content_type=r[5],
                 headers=r[6],
                 key=r[7],
@@ -418,7 +419,8 @@ def make_engine(
     )
     if autocommit:
         options["isolation_level"] = "AUTOCOMMIT"
-    engine = create_engine(url, **options)
+    # A row's undecodable JSON becomes a value the wire refuses, not an error failing the claim.
+    engine = create_engine(url, json_deserializer=load_stored_json, **options)
     timeout_sql = dialect.statement_timeout if statement_timeout is not None else None
     if dialect.on_connect or timeout_sql:
         ms = str(max(1, round((statement_timeout or 0) * 1000)))

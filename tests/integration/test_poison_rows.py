@@ -122,7 +122,10 @@ def test_poison_rows_hurt_only_themselves(
     database: str, engine: tuple[str, Engine], broker: Broker, relay_factory: RelayFactory
 ) -> None:
     url, app = engine
-    relay = relay_factory(url, batch_size=16)
+    # dead_key="skip": one relay serves every example, and hypothesis writes the same spoiled key
+    # (a BLOB b'k') again and again; under "hold" the first dead row would rightly hold the later
+    # ones behind it, which is ordering, not what this test is about.
+    relay = relay_factory(url, batch_size=16, dead_key="skip")
     publisher = relay.publisher
     assert isinstance(publisher, Publisher)
     published: set[uuid.UUID] = set()
