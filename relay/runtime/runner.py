@@ -42,7 +42,10 @@ def check_schema(store: SqlStore) -> None:
 
 def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Relay:
     store = open_store(
-        config.db_url, hold_dead_keys=config.hold_dead_keys, scope=config.circuit_scope
+        config.db_url,
+        hold_dead_keys=config.hold_dead_keys,
+        scope=config.circuit_scope,
+        statement_timeout=config.statement_timeout,
     )
     check_schema(store)
     publisher = Publisher(
@@ -75,6 +78,7 @@ def bind_http(config: RelayConfig, relay: list[Relay], telemetry: Telemetry) -> 
             database=database,
             broker_ready=lambda: bool(relay) and relay[0].publisher.ready,
             registry=telemetry.registry,
+            problem=lambda: relay[0].problem() if relay else None,
         )
     except OSError as exc:
         raise ConfigError(

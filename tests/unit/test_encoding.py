@@ -209,7 +209,7 @@ def test_json_deeper_than_the_limit_is_refused(payload: object, limit: int, refu
     if not refused:
         encoding.encode_payload(payload, None, 10**9, max_depth=limit)
         return
-    with pytest.raises(PayloadTooDeep, match="payload is nested (more than|too deep)"):
+    with pytest.raises(PayloadTooDeep, match=r"payload is nested (more than|too deep)"):
         encoding.encode_payload(payload, None, 10**9, max_depth=limit)
 
 
