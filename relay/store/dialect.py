@@ -148,6 +148,39 @@ class Statements:
     count_eligible: Compiled  # (states, cutoff, cutoff_id, after_id) -> count
     ping: Compiled
 
+    @classmethod
+    def compile(
+        cls,
+        *,
+        blocking: str,
+        has_ready: str,
+        release: str,
+        extend_leases: str,
+        lock_resource: str,
+        heartbeat: str,
+        relays: str,
+        pending_summary: str,
+        count_eligible: str,
+    ) -> Statements:
+        """A dialect's own texts compiled, beside the texts every dialect shares (common.py)."""
+        return cls(
+            has_ready=compile_sql(has_ready),
+            release=compile_sql(release),
+            extend_leases=compile_sql(extend_leases),
+            unpark_sweep=compile_sql(common.unpark_sweep(blocking=blocking)),
+            resources=compile_sql(common.LIST_RESOURCES, RESOURCE_COLUMNS),
+            ensure_resource=compile_sql(common.ENSURE_RESOURCE),
+            lock_resource=compile_sql(lock_resource, LOCKED_RESOURCE_COLUMNS),
+            update_resource=compile_sql(common.UPDATE_RESOURCE),
+            heartbeat=compile_sql(heartbeat),
+            forget_relay=compile_sql(common.FORGET_RELAY),
+            relays=compile_sql(relays, RELAY_COLUMNS),
+            count_by_state=compile_sql(common.COUNT_BY_STATE),
+            pending_summary=compile_sql(pending_summary),
+            count_eligible=compile_sql(count_eligible),
+            ping=compile_sql(common.PING),
+        )
+
 
 class Dialect(ABC):
     """One database's SQL for the relay's store.

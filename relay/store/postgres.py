@@ -22,9 +22,6 @@ from outbox.enqueue import NOTIFY_CHANNEL
 from relay.store import common
 from relay.store.dialect import (
     CLAIMED_COLUMNS,
-    LOCKED_RESOURCE_COLUMNS,
-    RELAY_COLUMNS,
-    RESOURCE_COLUMNS,
     Dialect,
     Statements,
     compile_sql,
@@ -339,22 +336,16 @@ class Postgres(Dialect):
         self._reclaim = compile_sql(RECLAIM_EXPIRED)
         self._abandon = compile_sql(ABANDON)
         self._purge = compile_sql(PURGE_BATCH)
-        return Statements(
-            has_ready=compile_sql(_HAS_READY.format(resource=resource)),
-            release=compile_sql(RELEASE),
-            extend_leases=compile_sql(EXTEND_LEASES),
-            unpark_sweep=compile_sql(common.unpark_sweep(blocking=blocking)),
-            resources=compile_sql(common.LIST_RESOURCES, RESOURCE_COLUMNS),
-            ensure_resource=compile_sql(common.ENSURE_RESOURCE),
-            lock_resource=compile_sql(LOCK_RESOURCE, LOCKED_RESOURCE_COLUMNS),
-            update_resource=compile_sql(common.UPDATE_RESOURCE),
-            heartbeat=compile_sql(HEARTBEAT),
-            forget_relay=compile_sql(common.FORGET_RELAY),
-            relays=compile_sql(RELAYS, RELAY_COLUMNS),
-            count_by_state=compile_sql(common.COUNT_BY_STATE),
-            pending_summary=compile_sql(PENDING_SUMMARY),
-            count_eligible=compile_sql(COUNT_ELIGIBLE),
-            ping=compile_sql(common.PING),
+        return Statements.compile(
+            blocking=blocking,
+            has_ready=_HAS_READY.format(resource=resource),
+            release=RELEASE,
+            extend_leases=EXTEND_LEASES,
+            lock_resource=LOCK_RESOURCE,
+            heartbeat=HEARTBEAT,
+            relays=RELAYS,
+            pending_summary=PENDING_SUMMARY,
+            count_eligible=COUNT_ELIGIBLE,
         )
 
     @classmethod
