@@ -204,6 +204,9 @@ class Dialect(ABC):
     # The driver-level statement that sets a statement timeout (one parameter: milliseconds, as
     # text), where the database has one.
     statement_timeout: ClassVar[str | None] = None
+    # Whether the store binds the application's clock as :now: true where `enqueue` writes the
+    # application's time (SQLite), so a row it has just written is already due to the store.
+    app_clock: ClassVar[bool] = False
 
     def __init__(self, *, hold: bool = True, scope: str = "exchange") -> None:
         if scope not in common.RESOURCE_PARTS:

@@ -38,6 +38,11 @@ def database_clock() -> dt.datetime | None:
     return None
 
 
+def _app_now() -> dt.datetime:
+    """The application's clock, for databases where enqueue writes it (Dialect.app_clock)."""
+    return dt.datetime.now(dt.UTC)
+
+
 def _utc(value: dt.datetime) -> dt.datetime:
     # SQLite hands back naive datetimes; everything this project writes is UTC.
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
@@ -64,6 +69,8 @@ class SqlStore:
         self.engine = engine
         self.dialect = dialect_for(engine.dialect.name, hold=hold_dead_keys, scope=scope)
         self._sql = self.dialect.sql
+        if clock is database_clock and self.dialect.app_clock:
+            clock = _app_now
         self._clock = clock
         self._side = side_engine
 

@@ -245,6 +245,9 @@ class Sqlite(Dialect):
     # IMMEDIATE takes the write lock up front, so the statements inside see and change the same
     # rows, and a writer never fails upgrading a read lock against a busy relay.
     begin = "BEGIN IMMEDIATE"
+    # SQLite's clock reads milliseconds while enqueue writes Python's microseconds here: a row
+    # written in the current millisecond would look due only at the next poll.
+    app_clock = True
     # WAL lets the application write while the relay reads; busy_timeout makes writers queue for
     # the single write lock instead of failing at once.
     on_connect = ("PRAGMA journal_mode=WAL", "PRAGMA busy_timeout=30000")
