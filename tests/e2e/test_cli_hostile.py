@@ -39,7 +39,7 @@ HOSTILE = [
     "1=2=3", "a=", "=5", ",", "dead,pending", "ex=0", "ex=inf",
     "0001-01-01T00:00+05:00", "9999-12-31T23:59:59-05:00", "2026-13-45",
     f"postgresql://u:{SECRET}@h:notaport/x", f"postgresql://u@h/x?password={SECRET}",
-    f"mysql://u:{SECRET}@h/x", f"sqlite+pysqlite:///nodir/{SECRET}/x.db", "postgresql+asyncpg://",
+    f"mysql://u:{SECRET}@h/x", "sqlite+pysqlite:///nodir/sub/x.db", "postgresql+asyncpg://",
     f"amqp://u:{SECRET}@h/%2F?heartbeat=abc", f"amqp://u:{SECRET}@h/%2F?frame_max=1",
     f"amqp://u:{SECRET}@h/%2F?nosuch=1", f"amqp://u:{SECRET}@h:99999/", f"http://u:{SECRET}@h/",
     "00000000-0000-0000-0000-000000000000", "not-a-uuid",
