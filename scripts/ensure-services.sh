@@ -31,3 +31,28 @@ if ! port_open 5672; then
         exit 1
     fi
 fi
+
+# MariaDB: the MySQL-family store's tests run against it. Started if installed and stopped.
+if ! port_open 3306 && [ -x /usr/sbin/mariadbd ]; then
+    echo "starting MariaDB..." >&2
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd >&2 || true
+    wait_port 3306 30 || echo "warning: MariaDB is installed but did not start on 127.0.0.1:3306" >&2
+fi
+
+# Debian packages the tests drive but a new machine lacks: PgBouncer (transaction pooling in
+# front of PostgreSQL). Installed once; apt's index is refreshed only when a package is missing.
+missing=()
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+if [ ${#missing[@]} -gt 0 ]; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "installing ${missing[*]} from Debian's packages..." >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >/dev/null 2>&1 \
+            || { echo "error: could not install ${missing[*]} (apt-get install -y ${missing[*]})" >&2; exit 1; }
+        # The Debian package starts its own PgBouncer on 6432; the tests start their own.
+        service pgbouncer stop >/dev/null 2>&1 || pkill -x pgbouncer 2>/dev/null || true
+    else
+        echo "error: ${missing[*]} missing; install with: apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+exit 0
