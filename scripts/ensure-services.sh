@@ -40,9 +40,11 @@ if ! port_open 3306 && [ -x /usr/sbin/mariadbd ]; then
 fi
 
 # Debian packages the tests drive but a new machine lacks: PgBouncer (transaction pooling in
-# front of PostgreSQL). Installed once; apt's index is refreshed only when a package is missing.
+# front of PostgreSQL) and Chromium (the console's browser tests). Installed once; apt's index
+# is refreshed only when a package is missing.
 missing=()
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
         echo "installing ${missing[*]} from Debian's packages..." >&2
