@@ -9,6 +9,7 @@ answers by closing the connection, which republishes every message then in fligh
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -26,8 +27,8 @@ SHORTSTR_MAX = 255  # bytes of an AMQP short string
 DEFAULT_FRAME_MAX = 131072
 # A content header frame: 7 bytes of frame header and 1 of frame end around class id (2),
 # weight (2), body size (8) and the property flags (2); then the properties. Besides content
-# type and headers (measured), the relay sends delivery mode (1), message id (1 + 36) and
-# timestamp (8).
+# type, content encoding and headers (measured), the relay sends delivery mode (1), message id
+# (1 + 36) and timestamp (8).
 _HEADER_FRAME_FIXED = 7 + 1 + 12 + 2 + 1 + 37 + 8
 _TABLE_LENGTH = 4
 _INT32 = range(-(2**31), 2**31)
@@ -37,6 +38,11 @@ _TIMESTAMP = range(0, 2**64)  # an unsigned 64-bit number on the wire
 # tracestate of printable ASCII within the standard's 32 members of at most 256 characters each.
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 _TRACESTATE = re.compile(r"[\x20-\x7e]{1,8224}")
+# content_encoding as kombu (Celery) and Spring AMQP read it: the character set of a text body,
+# or "binary" for bytes to be handed over undecoded. Without it kombu decodes every body it has no
+# serializer for as UTF-8, and raw bytes fail.
+TEXT_ENCODING = "utf-8"
+BINARY_ENCODING = "binary"
 
 
 def to_outgoing(
@@ -53,6 +59,7 @@ def to_outgoing(
     exchange = _shortstr("exchange", row.exchange)
     routing_key = _shortstr("routing_key", row.routing_key)
     content_type = _shortstr("content_type", row.content_type)
+    encoding = content_encoding(content_type)
     body = row.payload
     if type(body) is not bytes:
         if not isinstance(body, bytearray | memoryview):
@@ -79,6 +86,7 @@ def to_outgoing(
     if created not in _TIMESTAMP:
         raise MalformedRow(f"created_at {row.created_at} is before 1970")
     frame = _HEADER_FRAME_FIXED + _str_size(content_type) - 4 + (size if headers else 0)
+    frame += _str_size(encoding) - 4
     if frame > frame_max:
         raise MalformedRow(
             f"headers: the properties encode to a {frame}-byte frame, over the broker's "
@@ -86,12 +94,33 @@ def to_outgoing(
         )
     props = Properties(  # float headers as AMQP doubles (outbox/amqp_codec.py)
         content_type=content_type,
+        content_encoding=encoding,
         delivery_mode=PERSISTENT,
         message_id=str(row.id),
         timestamp=created,
         headers=headers or None,
     )
     return Outgoing(row.seq, str(row.id), exchange, routing_key, body, props)
+
+
+@functools.lru_cache(maxsize=256)  # a deployment sends a handful of content types
+def content_encoding(content_type: str) -> str:
+    """The content_encoding that says how to read a body of `content_type`.
+
+    Derived on the wire, not stored, so rows written before it existed get it too. A charset
+    the content type names wins (lowercased); JSON (RFC 8259: UTF-8 between systems) and text
+    without one are UTF-8, as enqueue writes them; anything else is bytes: "binary".
+    """
+    media, *params = content_type.split(";")
+    for param in params:
+        name, _, value = param.partition("=")
+        charset = value.strip().strip('"').strip().lower()
+        if name.strip().lower() == "charset" and charset:
+            return charset
+    media = media.strip().lower()
+    if media == "application/json" or media.endswith("+json") or media.startswith("text/"):
+        return TEXT_ENCODING
+    return BINARY_ENCODING
 
 
 def _text(what: str, value: object) -> str:
