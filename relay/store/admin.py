@@ -272,8 +272,10 @@ def _transition(
             # relays' own sweep frees those where dead_key is "skip").
             conn.execute(dialect_for(conn.dialect.name).sql.unpark_sweep)
         if changed:
+            # inline(): no RETURNING of the new ids, which would need SELECT on outbox_attempt
+            # (relay/store/grants.py); nothing reads them.
             conn.execute(
-                insert(attempt),
+                insert(attempt).inline(),
                 [
                     {
                         "message_id": i,
