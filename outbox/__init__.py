@@ -7,8 +7,8 @@ with Session(engine) as session, session.begin():
                    payload={"id": order.id}, key=str(order.id))
 
 `import outbox` loads neither pika nor the relay: an application that only enqueues pays for
-neither. The consumer's names (`outbox.Consumer`, `outbox.Processor`, ...) and `outbox.testing`
-are imported on first use.
+neither. The consumer's names (`outbox.Consumer`, `outbox.Processor`, ...), `outbox.testing` and
+`outbox.enqueue_async` (SQLAlchemy's asyncio extension) are imported on first use.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from outbox.celery_task import celery_task_message
 from outbox.config import configure
 from outbox.enqueue import enqueue
 from outbox.errors import (
@@ -24,6 +25,7 @@ from outbox.errors import (
     InvalidHeader,
     InvalidMessage,
     InvalidOption,
+    InvalidSession,
     OutboxError,
     PayloadEncodingError,
     PayloadTooLarge,
@@ -34,6 +36,7 @@ from outbox.states import State
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
     import outbox.testing as testing
+    from outbox.async_enqueue import enqueue_async
     from outbox.consumer import (
         Consumer,
         ConsumerPolicy,
@@ -46,8 +49,10 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     )
 
 # Name -> the module that holds it; imported when the name is first looked up (PEP 562). The
-# consumer package imports pika, which an application that only enqueues never needs.
+# consumer package imports pika, which an application that only enqueues never needs; the async
+# enqueue imports SQLAlchemy's asyncio extension, which a sync application never needs.
 _LAZY = {
+    "enqueue_async": "outbox.async_enqueue",
     "Consumer": "outbox.consumer",
     "ConsumerPolicy": "outbox.consumer",
     "Message": "outbox.consumer",
@@ -82,6 +87,7 @@ __all__ = [
     "InvalidHeader",
     "InvalidMessage",
     "InvalidOption",
+    "InvalidSession",
     "Message",
     "OutboxError",
     "PayloadEncodingError",
@@ -91,9 +97,11 @@ __all__ = [
     "Retry",
     "SchemaMissing",
     "State",
+    "celery_task_message",
     "configure",
     "create_schema",
     "enqueue",
+    "enqueue_async",
     "process_once",
     "purge_inbox",
     "testing",

@@ -1,7 +1,9 @@
 """`enqueue`: add one message row to the caller's transaction, and nothing else.
 
 It never commits, never flushes the caller's ORM objects, never runs DDL. Every argument is
-validated before the INSERT is built, so an invalid call leaves the transaction untouched.
+validated before the INSERT is built (`outbox.prepared`), so an invalid call leaves the
+transaction untouched. `enqueue_async` (`outbox.async_enqueue`) prepares the same way and runs
+this module's `write` on its connection: one implementation for both.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from outbox import encoding, tracecontext
 from outbox.config import settings
-from outbox.errors import IdempotencyConflict, OutboxError, SchemaMissing
-from outbox.ids import new_id
+from outbox.errors import IdempotencyConflict, SchemaMissing
+from outbox.prepared import Prepared, prepare
 from outbox.schema import is_missing_table, message
+from outbox.sessions import wrong_object
 
 Db = Session | Connection
+ASYNC_CALL = "outbox.enqueue_async"
 
 
 def enqueue(
@@ -43,64 +46,58 @@ def enqueue(
     content_type: str | None = None,
 ) -> uuid.UUID:
     """Add a message to the caller's transaction; return its id (also the AMQP message_id)."""
-    limits = settings()
-    encoding.check_destination(exchange, routing_key)
-    encoded = encoding.encode_payload(
-        payload, content_type, limits.max_payload_bytes, limits.max_json_depth
-    )
-    checked_headers = encoding.check_headers(headers)
-    wait = encoding.check_delay(delay)
-    key = encoding.check_text_option("key", key)
-    idempotency_key = encoding.check_text_option("idempotency_key", idempotency_key)
-    priority = encoding.check_int_option("priority", priority, encoding.INT32_MIN)
-    if max_attempts is not None:
-        max_attempts = encoding.check_int_option("max_attempts", max_attempts, 1)
-    conn = _connection(db)
-    traceparent, tracestate = tracecontext.current()
-    # With the relay's own headers: what the broker will be sent is what is measured.
-    encoding.check_header_size(
-        checked_headers,
+    if not isinstance(db, Session | Connection):
+        raise wrong_object(db, call="outbox.enqueue", other_call=ASYNC_CALL, wants_async=False)
+    prepared = prepare(
+        exchange=exchange,
+        routing_key=routing_key,
+        payload=payload,
         key=key,
-        traceparent=traceparent,
-        tracestate=tracestate,
-        limit=limits.max_header_bytes,
+        headers=headers,
+        idempotency_key=idempotency_key,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        content_type=content_type,
     )
+    # Session.connection() joins the session's transaction without autoflushing the caller's
+    # pending objects; taken only now, so a refused call does not even begin a transaction.
+    return write(db.connection() if isinstance(db, Session) else db, prepared)
 
-    message_id = new_id()
-    params: dict[str, Any] = {
-        "id": message_id,
-        "exchange": exchange,
-        "routing_key": routing_key,
-        "payload": encoded.body,
-        "content_type": encoded.content_type,
-        "headers": checked_headers,
-        "key": key,
-        "idempotency_key": idempotency_key,
-        "priority": priority,
-        "max_attempts": max_attempts,
-        "traceparent": traceparent,
-        "tracestate": tracestate,
-    }
+
+def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
+    """Insert a prepared message on `conn`, in its current transaction; return the message's id
+    (an earlier message's, when its idempotency key is taken). `enqueue_async` runs this too, on
+    the sync face of its AsyncConnection, so both translate errors and race the same way."""
+    params = dict(prepared.params)
     statements = _statements(conn.dialect.name)
     if statements.server_clock:
-        params["delay"] = wait or _ZERO
+        params["delay"] = prepared.wait or _ZERO
     else:
         now = dt.datetime.now(dt.UTC)
         params["created_at"] = now
-        params["available_at"] = now + wait if wait else now
+        params["available_at"] = now + prepared.wait if prepared.wait else now
     try:
-        if idempotency_key is None:
+        if prepared.idempotency_key is None:
             conn.execute(statements.insert, params)
-            result = message_id
+            result = prepared.id
         else:
-            result = _insert_idempotent(conn, statements, params, idempotency_key)
+            result = _insert_idempotent(conn, statements, params, prepared.idempotency_key)
         if statements.server_clock:
             _maybe_notify(conn)
         return result
     except DBAPIError as exc:
-        if is_missing_table(exc):
+        if _sqlstate(exc) == "42P01" or is_missing_table(exc):
             raise SchemaMissing(SchemaMissing.__doc__) from exc
         raise
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    """The SQLSTATE of a PostgreSQL error: psycopg 3 and asyncpg (through SQLAlchemy) call it
+    `sqlstate`, psycopg2 `pgcode`."""
+    orig = exc.orig
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return code if isinstance(code, str) else None
 
 
 _ZERO = dt.timedelta(0)
@@ -168,23 +165,13 @@ def _statements(dialect: str) -> _Statements:
     return _Statements(plain, guarded.returning(message.c.id), server_clock=False)
 
 
-def _connection(db: Db) -> Connection:
-    if isinstance(db, Session):
-        # Session.connection() joins the session's transaction without autoflushing the
-        # caller's pending objects.
-        return db.connection()
-    if isinstance(db, Connection):
-        return db
-    raise OutboxError(f"enqueue needs a SQLAlchemy Session or Connection, not {type(db).__name__}")
-
-
 def _insert_idempotent(
     conn: Connection, statements: _Statements, params: dict[str, Any], idempotency_key: str
 ) -> uuid.UUID:
     try:
         inserted = conn.execute(statements.insert_or_nothing, params).scalar()
     except DBAPIError as exc:
-        if getattr(exc.orig, "sqlstate", None) == "40001":  # serialization_failure
+        if _sqlstate(exc) == "40001":  # serialization_failure
             raise IdempotencyConflict(
                 f"idempotency key {idempotency_key!r} was taken by a transaction that committed "
                 "after this one's snapshot (REPEATABLE READ or SERIALIZABLE); retry the "

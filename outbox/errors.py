@@ -49,3 +49,7 @@ class IdempotencyConflict(OutboxError):
 
 class SchemaMissing(OutboxError):
     """The outbox tables do not exist: run `outbox-relay migrate` or `outbox.create_schema()`."""
+
+
+class InvalidSession(OutboxError, TypeError):
+    """The object given to write with is not a SQLAlchemy session or connection this call takes."""

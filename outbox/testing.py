@@ -27,6 +27,10 @@ Filters compare for equality and combine with AND; one left out matches anything
 Every message the caller's transaction can see is considered, committed ones from before the test
 included: give each test a database of its own, or filter narrowly enough. Matches come back in
 enqueue order.
+
+With an AsyncSession or AsyncConnection, await the `_async` forms (`enqueued_async`,
+`assert_enqueued_async`, `assert_not_enqueued_async`): the same helpers, run on the async
+connection's sync face.
 """
 
 from __future__ import annotations
@@ -36,20 +40,27 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from sqlalchemy import Connection, RowMapping, select
 from sqlalchemy.orm import Session
 
 from outbox.schema import message
+from outbox.sessions import sync_connection
+
+if TYPE_CHECKING:  # imported by the async helpers when called: sync tests never load asyncio
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 __all__ = [
     "EnqueuedMessage",
     "Filters",
     "assert_enqueued",
+    "assert_enqueued_async",
     "assert_not_enqueued",
+    "assert_not_enqueued_async",
     "decode_payload",
     "enqueued",
+    "enqueued_async",
 ]
 
 
@@ -109,7 +120,8 @@ def enqueued(db: Session | Connection, **filters: Unpack[Filters]) -> list[Enque
             value = given[column]
             condition = message.c[column].is_(None) if value is None else message.c[column] == value
             stmt = stmt.where(condition)
-    found = [_message(row) for row in _connection(db).execute(stmt).mappings()]
+    conn = _sync_connection(db, "enqueued")
+    found = [_message(row) for row in conn.execute(stmt).mappings()]
     return [m for m in found if _payload_matches(m, given) and _headers_match(m, given)]
 
 
@@ -118,6 +130,7 @@ def assert_enqueued(
 ) -> list[EnqueuedMessage]:
     """Fail unless a message matching the filters was enqueued (exactly `count` of them, if
     given); return the matches. The AssertionError lists every message that was enqueued."""
+    db = _sync_connection(db, "assert_enqueued")
     matches = enqueued(db, **filters)
     if matches and (count is None or len(matches) == count):
         return matches
@@ -130,12 +143,49 @@ def assert_enqueued(
 
 def assert_not_enqueued(db: Session | Connection, **filters: Unpack[Filters]) -> None:
     """Fail if any message matching the filters was enqueued (no filter: any message at all)."""
-    matches = enqueued(db, **filters)
+    matches = enqueued(_sync_connection(db, "assert_not_enqueued"), **filters)
     if matches:
         raise AssertionError(
             f"expected no message enqueued with {_describe(filters)}; {len(matches)} found.\n"
             + _listing(matches)
         )
+
+
+async def enqueued_async(
+    db: AsyncSession | AsyncConnection, **filters: Unpack[Filters]
+) -> list[EnqueuedMessage]:
+    """`enqueued`, for an AsyncSession or AsyncConnection."""
+    conn = await _async_connection(db, "outbox.testing.enqueued_async")
+    return await conn.run_sync(lambda sync: enqueued(sync, **filters))
+
+
+async def assert_enqueued_async(
+    db: AsyncSession | AsyncConnection, *, count: int | None = None, **filters: Unpack[Filters]
+) -> list[EnqueuedMessage]:
+    """`assert_enqueued`, for an AsyncSession or AsyncConnection."""
+    conn = await _async_connection(db, "outbox.testing.assert_enqueued_async")
+    return await conn.run_sync(lambda sync: assert_enqueued(sync, count=count, **filters))
+
+
+async def assert_not_enqueued_async(
+    db: AsyncSession | AsyncConnection, **filters: Unpack[Filters]
+) -> None:
+    """`assert_not_enqueued`, for an AsyncSession or AsyncConnection."""
+    conn = await _async_connection(db, "outbox.testing.assert_not_enqueued_async")
+    await conn.run_sync(lambda sync: assert_not_enqueued(sync, **filters))
+
+
+def _sync_connection(db: object, name: str) -> Connection:
+    """The connection of the transaction under test; an async one is refused with the name of
+    the helper's `_async` form."""
+    call = f"outbox.testing.{name}"
+    return sync_connection(db, call=call, async_call=f"{call}_async")
+
+
+async def _async_connection(db: object, call: str) -> AsyncConnection:
+    from outbox.async_enqueue import async_connection  # loads SQLAlchemy's asyncio extension
+
+    return await async_connection(db, call=call, sync_call=call.removesuffix("_async"))
 
 
 def decode_payload(body: bytes, content_type: str) -> Any:
@@ -192,14 +242,6 @@ def _payload_matches(found: EnqueuedMessage, filters: Mapping[str, Any]) -> bool
 def _headers_match(found: EnqueuedMessage, filters: Mapping[str, Any]) -> bool:
     expected: Mapping[str, Any] = filters.get("headers") or {}
     return all(name in found.headers and found.headers[name] == v for name, v in expected.items())
-
-
-def _connection(db: Session | Connection) -> Connection:
-    if isinstance(db, Session):
-        return db.connection()  # the session's transaction, without flushing its objects
-    if isinstance(db, Connection):
-        return db
-    raise TypeError(f"expected a SQLAlchemy Session or Connection, not {type(db).__name__}")
 
 
 def _describe(filters: Mapping[str, Any]) -> str:

@@ -1,0 +1,81 @@
+"""The row `enqueue` and `enqueue_async` write, validated and built before the database is touched.
+
+Both calls run `prepare` in the caller's own thread or task, so the trace context it captures is
+the caller's (OpenTelemetry keeps it in contextvars), and every refusal happens before any SQL:
+the transaction is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from outbox import encoding, tracecontext
+from outbox.config import settings
+from outbox.ids import new_id
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A valid message, ready to insert: every column but the clock-dependent ones."""
+
+    id: uuid.UUID
+    params: Mapping[str, Any]  # bind values named after the columns of outbox_message
+    idempotency_key: str | None
+    wait: dt.timedelta | None  # publish no earlier than the insert time plus this
+
+
+def prepare(
+    *,
+    exchange: str,
+    routing_key: str,
+    payload: object,
+    key: str | None,
+    headers: Mapping[str, str | int | float | bool] | None,
+    idempotency_key: str | None,
+    delay: float | dt.timedelta | None,
+    priority: int,
+    max_attempts: int | None,
+    content_type: str | None,
+) -> Prepared:
+    """Validate `enqueue`'s arguments and build the row; raise an `InvalidMessage` if one is bad."""
+    limits = settings()
+    encoding.check_destination(exchange, routing_key)
+    encoded = encoding.encode_payload(
+        payload, content_type, limits.max_payload_bytes, limits.max_json_depth
+    )
+    checked_headers = encoding.check_headers(headers)
+    wait = encoding.check_delay(delay)
+    key = encoding.check_text_option("key", key)
+    idempotency_key = encoding.check_text_option("idempotency_key", idempotency_key)
+    priority = encoding.check_int_option("priority", priority, encoding.INT32_MIN)
+    if max_attempts is not None:
+        max_attempts = encoding.check_int_option("max_attempts", max_attempts, 1)
+    traceparent, tracestate = tracecontext.current()
+    # With the relay's own headers: what the broker will be sent is what is measured.
+    encoding.check_header_size(
+        checked_headers,
+        key=key,
+        traceparent=traceparent,
+        tracestate=tracestate,
+        limit=limits.max_header_bytes,
+    )
+    message_id = new_id()
+    params: dict[str, Any] = {
+        "id": message_id,
+        "exchange": exchange,
+        "routing_key": routing_key,
+        "payload": encoded.body,
+        "content_type": encoded.content_type,
+        "headers": checked_headers,
+        "key": key,
+        "idempotency_key": idempotency_key,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "traceparent": traceparent,
+        "tracestate": tracestate,
+    }
+    return Prepared(message_id, params, idempotency_key, wait)
