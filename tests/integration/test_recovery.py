@@ -194,6 +194,7 @@ def memory_alarm() -> Iterator[Any]:
         alarm.off()
 
 
+@pytest.mark.serial
 def test_a_blocked_broker_defers_messages_without_burning_attempts(
     pg_url: str,
     pg_engine: Engine,
