@@ -143,7 +143,9 @@ def _statements(dialect: str) -> _Statements:
         now = func.statement_timestamp()
         values["created_at"] = now
         values["available_at"] = now + bindparam("delay", type_=Interval())
-        plain = insert(message).values(values)
+        # inline(): no RETURNING of the new seq, which nothing reads and which would need SELECT
+        # on it (relay/store/grants.py: the application reads only id and idempotency_key).
+        plain = insert(message).values(values).inline()
         pg_guarded = (
             postgresql.insert(message)
             .values(values)
@@ -152,7 +154,7 @@ def _statements(dialect: str) -> _Statements:
         return _Statements(plain, pg_guarded.returning(message.c.id), server_clock=True)
     values["created_at"] = bindparam("created_at")
     values["available_at"] = bindparam("available_at")
-    plain = insert(message).values(values)
+    plain = insert(message).values(values).inline()
     guarded: Insert
     if dialect == "sqlite":
         guarded = (
