@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,24 @@ from outbox.consumer.processor import Handler, Processor
 
 log = logging.getLogger("outbox.consumer")
 
+# A comma followed by a scheme starts the next URL of a list (the relay's --amqp reads lists
+# the same way, in relay/core/urls.py; the library cannot import the relay).
+_NEXT_URL = re.compile(r"[\s,]*,\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+
+
+def connection_parameters(
+    amqp_url: str, ssl_options: pika.SSLOptions | None = None
+) -> list[pika.URLParameters]:
+    """pika's parameters for each URL of `amqp_url` (one URL, or a cluster's nodes separated
+    by commas), in order; `ssl_options` replaces pika's default TLS settings on amqps:// ones."""
+    nodes = []
+    for url in _NEXT_URL.split(amqp_url.strip().strip(",")):
+        params = pika.URLParameters(url.strip())
+        if ssl_options is not None and params.ssl_options is not None:
+            params.ssl_options = ssl_options
+        nodes.append(params)
+    return nodes
+
 
 @dataclass
 class Consumer:
@@ -41,6 +60,10 @@ class Consumer:
     Every `retention_interval` seconds a background thread deletes this consumer's inbox rows
     older than `inbox_retention` (None: never), `purge_batch_size` rows per statement; other
     consumers' rows are left alone.
+
+    `amqp_url` may list a cluster's nodes, separated by commas: the first that answers is used.
+    `ssl_options` (pika.SSLOptions: a CA, a client certificate, the server name) applies to
+    amqps:// URLs; without it pika verifies the broker with the system's CAs.
 
     Constructing a Consumer builds its Processor, which makes pika decode float header values
     as floats from then on, process-wide (see `Processor`): every message this consumer hands
@@ -58,6 +81,7 @@ class Consumer:
     inbox_retention: dt.timedelta | None = dt.timedelta(days=7)
     retention_interval: float = 600.0
     purge_batch_size: int = 1000
+    ssl_options: pika.SSLOptions | None = None
 
     def __post_init__(self) -> None:
         self.processor = Processor(
@@ -77,8 +101,8 @@ class Consumer:
 
     def run(self) -> None:
         """Consume until `stop()`; the delivery being handled finishes, the rest are requeued."""
-        params = pika.URLParameters(self.amqp_url)
-        conn = pika.BlockingConnection(params)
+        # pika tries the nodes in order.
+        conn = pika.BlockingConnection(connection_parameters(self.amqp_url, self.ssl_options))
         purger: threading.Thread | None = None
         self._purge_stop.clear()
         try:

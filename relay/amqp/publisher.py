@@ -5,6 +5,10 @@ each confirm and tops out near a fifth of the rate). The relay hands over whole 
 `publish()`; once every message of a batch is settled, `done` is called with one `Outcome` per
 message. Nothing outside this module knows what a delivery tag is.
 
+The broker may be a cluster: the nodes are tried in the order given, and a failed connect or a
+lost connection moves on to the next node at once; only when every node failed does the
+publisher back off before the next round.
+
 Each exchange gets its own confirm channel: publishing to a missing exchange makes the broker
 close the channel (404), and with one channel per exchange that takes down only the messages
 that were going there, never the other destinations' messages in flight.
@@ -24,11 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pika
 from pika import spec
 from pika.adapters.select_connection import IOLoop, SelectConnection
 from pika.exceptions import ChannelClosedByBroker, UnsupportedAMQPFieldException
 
+from relay.amqp.connect_errors import connect_error
+from relay.amqp.nodes import broker_nodes
+from relay.amqp.tls import TlsOptions
 from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
 from relay.core.outcome import Fate, Outcome
 from relay.core.urls import redact
@@ -88,15 +94,20 @@ class Publisher:
         reconnect_max_delay: float = 15.0,
         blocked_timeout: float = 300.0,
         name: str = "outbox-relay",
+        tls: TlsOptions | None = None,
     ) -> None:
-        params = pika.URLParameters(amqp_url)
-        params.client_properties = {"connection_name": name}
-        # pika's default is to wait forever while the broker blocks publishers (resource alarm).
-        params.blocked_connection_timeout = blocked_timeout
-        params.connection_attempts = 1
-        params.socket_timeout = 5
-        self._params = params
-        self._url = redact(amqp_url)
+        self._nodes = broker_nodes(amqp_url, tls)
+        for node in self._nodes:
+            params = node.params
+            params.client_properties = {"connection_name": name}
+            # pika's default is to wait forever while the broker blocks publishers (an alarm).
+            params.blocked_connection_timeout = blocked_timeout
+            params.connection_attempts = 1
+            params.socket_timeout = 5
+        self._all_urls = redact(amqp_url)
+        self._index = 0  # the node connected to, or being tried
+        self._tried = 0  # nodes of this round that failed; every one failed: back off
+        self.node: str | None = None  # host:port of the node connected to, for logs and /readyz
         self._confirm_timeout = confirm_timeout
         self._reconnect_max = reconnect_max_delay
         self._ioloop = IOLoop()
@@ -118,16 +129,24 @@ class Publisher:
     # ----------------------------------------------------------------- other threads' API
 
     def start(self, timeout: float = 10.0) -> None:
-        """Connect; raise BrokerUnavailable if that fails."""
+        """Connect to the first node that answers, in order; raise BrokerUnavailable if none
+        does (`timeout` seconds per node)."""
         self._thread = threading.Thread(target=self._run, name="publisher-io", daemon=True)
         self._thread.start()
         self._ioloop.add_callback_threadsafe(self._connect)
-        if not self._first_attempt.wait(timeout):
+        waited = timeout * len(self._nodes)
+        if not self._first_attempt.wait(waited):
             self.stop(1.0)
-            raise BrokerUnavailable(f"broker {self._url} did not answer within {timeout:.0f} s")
+            raise BrokerUnavailable(f"broker {self._all_urls} did not answer within {waited:.0f} s")
         if self._first_error is not None:
             self.stop(1.0)
-            raise BrokerUnavailable(f"cannot connect to broker {self._url}: {self._first_error}")
+            # The last node's error (the others were logged as they failed): one line that
+            # says what failed and why, read by relay.errors.plain_broker_error.
+            if len(self._nodes) == 1:
+                where = self._url
+            else:
+                where = f"{self._all_urls} (no node answered; the last, {self._nodes[-1].name})"
+            raise BrokerUnavailable(f"cannot connect to broker {where}: {self._first_error}")
 
     def publish(self, items: Sequence[Outgoing], done: Done) -> None:
         """Publish a batch; `done(outcomes)` is called from the IO thread once all are settled."""
@@ -163,11 +182,16 @@ class Publisher:
             self.ready = False  # nothing publishes without this thread (the loop claims nothing)
             self._fail_everything("publisher stopped before the broker confirmed")
 
+    @property
+    def _url(self) -> str:
+        """The node connected to, or being tried (password masked)."""
+        return self._nodes[self._index].url
+
     def _connect(self) -> None:
         if self._stopping:
             return
         self._conn = SelectConnection(
-            parameters=self._params,
+            parameters=self._nodes[self._index].params,
             on_open_callback=self._on_connection_open,
             on_open_error_callback=self._on_connection_open_error,
             on_close_callback=self._on_connection_closed,
@@ -179,16 +203,18 @@ class Publisher:
         conn.add_on_connection_blocked_callback(self._on_blocked)
         conn.add_on_connection_unblocked_callback(self._on_unblocked)
         self._failures = 0
+        self._tried = 0
         negotiated = getattr(getattr(conn, "params", None), "frame_max", None)
         if isinstance(negotiated, int) and negotiated > 0:
             self._frame_max = negotiated
         self.connections += 1
+        self.node = self._nodes[self._index].name
         self.ready = True
-        log.info("broker.connected", extra={"broker": self._url})
+        log.info("broker.connected", extra={"node": self.node, "broker": self._url})
         self._first_attempt.set()
 
     def _on_connection_open_error(self, _conn: Any, err: BaseException) -> None:
-        self._lost(f"connection failed: {str(err) or repr(err)}")
+        self._lost(f"connection failed: {connect_error(err)}")
 
     def _on_connection_closed(self, _conn: Any, reason: BaseException) -> None:
         self._conn = None
@@ -200,18 +226,31 @@ class Publisher:
 
     def _lost(self, why: str) -> None:
         self.ready = False
+        self.node = None
         self._fail_everything(why)
-        if not self._first_attempt.is_set():
+        failed = self._nodes[self._index]
+        # The next node; a round ends when every node failed since the last connection.
+        self._index = (self._index + 1) % len(self._nodes)
+        self._tried += 1
+        round_over = self._tried >= len(self._nodes)
+        if round_over:
+            self._tried = 0
+        if not self._first_attempt.is_set() and round_over:
             self._first_error = why
             self._first_attempt.set()
             return
         if self._stopping:
             self._ioloop.stop()
             return
-        self._failures += 1
-        # Full jitter, so several relays losing the same broker do not reconnect in lockstep.
-        delay = random.uniform(0.5, min(self._reconnect_max, 0.5 * 2**self._failures))
-        log.warning("broker.lost", extra={"broker": self._url, "error": why, "retry_in": delay})
+        delay = 0.0  # another node of the cluster may answer: try it at once
+        if round_over:
+            self._failures += 1
+            # Full jitter, so several relays losing the same broker do not reconnect in lockstep.
+            delay = random.uniform(0.5, min(self._reconnect_max, 0.5 * 2**self._failures))
+        extra = {"node": failed.name, "broker": failed.url, "error": why, "retry_in": delay}
+        if len(self._nodes) > 1:
+            extra["next"] = self._nodes[self._index].name
+        log.warning("broker.lost", extra=extra)
         self._ioloop.call_later(delay, self._connect)
 
     def _on_blocked(self, _conn: Any, frame: Any) -> None:

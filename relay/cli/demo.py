@@ -48,7 +48,7 @@ def cmd_demo(config: RelayConfig, args: argparse.Namespace) -> int:
 
     return run_demo(
         config.amqp_url, orders=args.orders, rollback_every=args.rollback_every,
-        timeout=args.timeout,
+        timeout=args.timeout, tls=config.amqp_tls,
     )  # fmt: skip
 
 
@@ -56,14 +56,15 @@ def cmd_demo_producer(config: RelayConfig, args: argparse.Namespace) -> int:
     from relay.demo.services import run_producer
 
     return run_producer(
-        config.db_url, config.amqp_url, orders=args.orders, rate=args.rate, **_names(args)
-    )
+        config.db_url, config.amqp_url, orders=args.orders, rate=args.rate,
+        tls=config.amqp_tls, **_names(args),
+    )  # fmt: skip
 
 
 def cmd_demo_consumer(config: RelayConfig, args: argparse.Namespace) -> int:
     from relay.demo.services import run_consumer
 
-    return run_consumer(config.db_url, config.amqp_url, **_names(args))
+    return run_consumer(config.db_url, config.amqp_url, tls=config.amqp_tls, **_names(args))
 
 
 COMMANDS: dict[str, Handler] = {

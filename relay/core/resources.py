@@ -6,14 +6,17 @@ A name is the broker endpoint and vhost, then the row's part for the chosen scop
     exchange     127.0.0.1:5672/%2F/orders             the default
     routing_key  127.0.0.1:5672/%2F/orders/order.paid  each exchange and routing key
 
-Relays on one database that publish to different brokers get different names, so their
-circuits never mix. Every relay of one deployment must use the same scope.
+A cluster (several URLs) is named by its nodes, sorted: `a:5672,b:5672/%2F/orders`. Relays on
+one database that publish to different brokers get different names, so their circuits never mix.
+Every relay of one deployment must use the same scope.
 """
 
 from __future__ import annotations
 
 import urllib.parse
 from dataclasses import dataclass
+
+from relay.core.urls import split_urls
 
 # The scopes, coarsest first. The store turns each into the SQL expression of a row's part.
 SCOPES: tuple[str, ...] = ("broker", "exchange", "routing_key")
@@ -22,13 +25,21 @@ SCOPES: tuple[str, ...] = ("broker", "exchange", "routing_key")
 def broker_id(amqp_url: str) -> str:
     """host:port/vhost of an AMQP URL, without credentials (the vhost percent-encoded).
 
-    The URL was validated with the configuration; this only takes it apart."""
-    parts = urllib.parse.urlsplit(amqp_url)
+    A cluster's nodes (a comma-separated list, one vhost) are named together, sorted: relays
+    that list the same nodes in another order still share their circuits. The URL was
+    validated with the configuration; this only takes it apart."""
+    urls = split_urls(amqp_url)
+    nodes = sorted({_endpoint(urllib.parse.urlsplit(url)) for url in urls})
+    path = urllib.parse.urlsplit(urls[0]).path
+    path = path[1:] if path.startswith("/") else path
+    vhost = urllib.parse.unquote(path) if path else "/"
+    return f"{','.join(nodes)}/{urllib.parse.quote(vhost, safe='')}"
+
+
+def _endpoint(parts: urllib.parse.SplitResult) -> str:
     host = (parts.hostname or "").lower()
     port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
-    vhost = urllib.parse.unquote(path) if path else "/"
-    return f"{host}:{port}/{urllib.parse.quote(vhost, safe='')}"
+    return f"{host}:{port}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,9 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 import outbox
+from relay.amqp.nodes import ssl_options
 from relay.amqp.publisher import Publisher
+from relay.amqp.tls import TlsOptions
 from relay.core.urls import redact
 from relay.demo.services import declare, order_table, tracer_provider, write_order
 from relay.loop.wiring import wire_relay
@@ -46,12 +48,17 @@ class _Received:
 
 
 def run_demo(
-    amqp_url: str, *, orders: int = 300, rollback_every: int = 7, timeout: float = 60
+    amqp_url: str,
+    *,
+    orders: int = 300,
+    rollback_every: int = 7,
+    timeout: float = 60,
+    tls: TlsOptions | None = None,
 ) -> int:
     suffix = uuid.uuid4().hex[:8]
     exchange, queue = f"outbox-demo.{suffix}", f"outbox-demo.orders.{suffix}"
     # auto-deleted: the demo leaves nothing behind on the broker.
-    declare(amqp_url, exchange, queue, durable=False)
+    declare(amqp_url, exchange, queue, durable=False, tls=tls)
 
     workdir = Path(tempfile.mkdtemp(prefix="outbox-demo-"))
     db_url = f"sqlite:///{workdir / 'demo.db'}"
@@ -68,12 +75,17 @@ def run_demo(
 
     # The demo consumes as an application would: outbox.Consumer, its inbox in the same database.
     received_by_id = _Received()
-    consumer = outbox.Consumer(app, amqp_url, queue, received_by_id.handle, name="outbox-demo")
+    consumer = outbox.Consumer(
+        app, amqp_url, queue, received_by_id.handle, name="outbox-demo",
+        ssl_options=ssl_options(tls),
+    )  # fmt: skip
     consumer_thread = threading.Thread(target=consumer.run, name="demo-consumer", daemon=True)
     consumer_thread.start()
 
     config = RelayConfig(db_url=db_url, amqp_url=amqp_url, poll_interval=0.05, relay_id="demo")
-    publisher = Publisher(amqp_url, confirm_timeout=config.confirm_timeout, name="outbox-demo")
+    publisher = Publisher(
+        amqp_url, confirm_timeout=config.confirm_timeout, name="outbox-demo", tls=tls
+    )
     publisher.start()
     relay_telemetry = Telemetry(tracer=provider.get_tracer("outbox-relay"))
     relay = wire_relay(open_store(db_url), publisher, config, telemetry=relay_telemetry)

@@ -27,6 +27,8 @@ from sqlalchemy.orm import Session
 
 import outbox
 from relay.amqp import topology
+from relay.amqp.nodes import ssl_options
+from relay.amqp.tls import TlsOptions
 from relay.runtime.telemetry import Telemetry, setup
 
 EXCHANGE = "outbox-demo"
@@ -51,9 +53,11 @@ def trace_id_of(span: trace.Span) -> str:
     return f"{span.get_span_context().trace_id:032x}"
 
 
-def declare(amqp_url: str, exchange: str, queue: str, *, durable: bool) -> None:
+def declare(
+    amqp_url: str, exchange: str, queue: str, *, durable: bool, tls: TlsOptions | None = None
+) -> None:
     """The demo's exchange and queue (durable for the services, auto-deleted for `demo`)."""
-    topology.declare(amqp_url, exchange, queue, "order.#", durable=durable)
+    topology.declare(amqp_url, exchange, queue, "order.#", durable=durable, tls=tls)
 
 
 def write_order(
@@ -117,12 +121,13 @@ def run_producer(
     rate: float,
     exchange: str = EXCHANGE,
     queue: str = QUEUE,
+    tls: TlsOptions | None = None,
 ) -> int:
     from relay.store.sql_store import make_engine
 
     telemetry = setup(prometheus=False)
     provider = tracer_provider(telemetry)
-    declare(amqp_url, exchange, queue, durable=True)
+    declare(amqp_url, exchange, queue, durable=True, tls=tls)
     engine = make_engine(db_url, autocommit=False)
     outbox.create_schema(engine)
     _business.create_all(engine)
@@ -139,13 +144,18 @@ def run_producer(
 
 
 def run_consumer(
-    db_url: str, amqp_url: str, *, exchange: str = EXCHANGE, queue: str = QUEUE
+    db_url: str,
+    amqp_url: str,
+    *,
+    exchange: str = EXCHANGE,
+    queue: str = QUEUE,
+    tls: TlsOptions | None = None,
 ) -> int:
     from relay.store.sql_store import make_engine
 
     telemetry = setup(prometheus=False)
     provider = tracer_provider(telemetry)
-    declare(amqp_url, exchange, queue, durable=True)
+    declare(amqp_url, exchange, queue, durable=True, tls=tls)
     engine = make_engine(db_url, autocommit=False)
     outbox.create_schema(engine)
 
@@ -154,8 +164,9 @@ def run_consumer(
         print(f"demo-consumer: received {message.id} trace {trace_id}", flush=True)
 
     consumer = outbox.Consumer(
-        engine, amqp_url, queue, handle, name="outbox-demo", tracer_provider=provider
-    )
+        engine, amqp_url, queue, handle, name="outbox-demo", tracer_provider=provider,
+        ssl_options=ssl_options(tls),
+    )  # fmt: skip
     with _until_signalled() as stop:
         # Signals only set a flag; stop() is safe from this thread once run() has started.
         thread = threading.Thread(target=consumer.run, daemon=True)

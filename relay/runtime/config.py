@@ -10,8 +10,10 @@ bad value is reported under the name it came from, and only by a command that re
 from __future__ import annotations
 
 import ast
+import ipaddress
 import math
 import os
+import re
 import socket
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -21,6 +23,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from relay.amqp.tls import TlsOptions
 from relay.core.circuit import CircuitSettings
 from relay.core.durations import MAX_SECONDS as MAX_DURATION_SECONDS
 from relay.core.durations import format_duration, positive_duration
@@ -28,7 +31,7 @@ from relay.core.failures import FailureClass
 from relay.core.policy import RetryPolicy
 from relay.core.resources import SCOPES
 from relay.core.retention import RetentionPolicy
-from relay.core.urls import redact
+from relay.core.urls import redact, split_urls
 from relay.errors import ConfigError
 from relay.runtime.logs import LEVELS
 from relay.store.databases import database_url
@@ -51,7 +54,8 @@ def default_relay_id() -> str:
 @dataclass(frozen=True, slots=True)
 class RelayConfig:
     db_url: str = DEFAULT_DB_URL
-    amqp_url: str = DEFAULT_AMQP_URL
+    amqp_url: str = DEFAULT_AMQP_URL  # one URL, or a cluster's nodes separated by commas
+    amqp_tls: TlsOptions = field(default_factory=TlsOptions)  # for amqps:// URLs
     relay_id: str = field(default_factory=default_relay_id)
     log_level: str = "INFO"  # one of relay.runtime.logs.LEVELS
     batch_size: int = 500  # rows per claim
@@ -160,6 +164,7 @@ class RelayConfig:
                 raise ConfigError(f"rate limit for {part!r} must be positive, got {rate}")
         parse_db_url(self.db_url)
         parse_amqp_url(self.amqp_url)
+        check_amqp_tls(self.amqp_url, self.amqp_tls)
 
 
 def _positive(name: str, value: float) -> None:
@@ -179,12 +184,36 @@ def parse_db_url(raw: str) -> URL:
         raise ConfigError(f"--db: {exc}") from None
 
 
-def parse_amqp_url(raw: str) -> urllib.parse.SplitResult:
-    """Validate an AMQP URL; raise ConfigError naming the problem."""
+def parse_amqp_url(raw: str) -> list[urllib.parse.SplitResult]:
+    """Validate an AMQP URL, or a comma-separated list of them (the nodes of one cluster);
+    raise ConfigError naming the problem, and which URL has it."""
     try:
-        return _amqp_url(raw)
+        return _amqp_urls(raw)
     except ValueError as exc:
         raise ConfigError(f"--amqp: {exc}") from None
+
+
+def _amqp_urls(raw: str) -> list[urllib.parse.SplitResult]:
+    urls = split_urls(raw)
+    if not urls:
+        raise ValueError("no URL is given")
+    nodes = []
+    for n, url in enumerate(urls, 1):
+        try:
+            nodes.append(_amqp_url(url))
+        except ValueError as exc:
+            if len(urls) == 1:
+                raise
+            raise ValueError(f"URL {n} of {len(urls)}: {exc}") from None
+    vhosts = {urllib.parse.unquote(p.path[1:] if p.path.startswith("/") else p.path) or "/"
+              for p in nodes}  # fmt: skip
+    if len(vhosts) > 1:
+        # The nodes of one cluster: one vhost, so one set of circuits and destinations.
+        raise ValueError(
+            f"the URLs name different virtual hosts ({', '.join(sorted(map(repr, vhosts)))}); "
+            "list the nodes of one cluster, with the same vhost"
+        )
+    return nodes
 
 
 def _amqp_url(raw: str) -> urllib.parse.SplitResult:
@@ -192,6 +221,11 @@ def _amqp_url(raw: str) -> urllib.parse.SplitResult:
     if parts.scheme not in ("amqp", "amqps"):
         raise ValueError(
             f"{redact(raw)!r} is not an AMQP URL (expected amqp://user:pass@host:5672/vhost)"
+        )
+    if "," in parts.netloc.rpartition("@")[2]:
+        raise ValueError(
+            f"{redact(raw)!r} lists several hosts in one URL; write each node as a whole URL: "
+            "amqp://user:pass@node1:5672/%2F,amqp://user:pass@node2:5672/%2F"
         )
     if not parts.hostname:
         raise ValueError(f"{redact(raw)!r} names no host")
@@ -202,6 +236,30 @@ def _amqp_url(raw: str) -> urllib.parse.SplitResult:
     for name, values in urllib.parse.parse_qs(parts.query, keep_blank_values=True).items():
         _amqp_option(name, values)
     return parts
+
+
+def check_amqp_tls(amqp_url: str, tls: TlsOptions) -> None:
+    """The TLS options fit the URLs (every one amqps://, none with pika's own `ssl_options`)
+    and their files make a context; ConfigError naming the option otherwise."""
+    given = tls.given
+    if not given:
+        return
+    for url in split_urls(amqp_url):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "amqps":
+            raise ConfigError(
+                f"{given[0]} is for amqps:// URLs, and {redact(url)} is not one: use amqps:// "
+                "(port 5671 by default) or leave the TLS options out"
+            )
+        if "ssl_options" in urllib.parse.parse_qs(parts.query):
+            raise ConfigError(
+                f"{given[0]} and the URL parameter ssl_options of {redact(url)} both set up "
+                "TLS: use one of them"
+            )
+    try:
+        tls.context()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _count(low: int, high: int | None = None) -> Callable[[str], bool]:
@@ -405,8 +463,43 @@ def _database_url(raw: str) -> URL:
 
 
 def amqp_url(raw: str) -> str:
-    _amqp_url(raw)
+    _amqp_urls(raw)
     return raw
+
+
+def readable_file(raw: str) -> str:
+    """A path to a file this process can read (its content is checked where it is used)."""
+    path = raw.strip()
+    if not path:
+        raise ValueError(f"{raw!r} is empty")
+    if not os.path.exists(path):
+        raise ValueError(f"{raw!r} does not exist")
+    if not os.path.isfile(path):
+        raise ValueError(f"{raw!r} is not a file")
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise ValueError(f"{raw!r} cannot be read: {exc.strerror or exc}") from None
+    return path
+
+
+def host_name(raw: str) -> str:
+    """A DNS name or an IP address, as a TLS certificate carries it."""
+    name = raw.strip()
+    try:
+        ipaddress.ip_address(name)
+        return name
+    except ValueError:
+        pass
+    labels = name.rstrip(".").split(".")
+    ok = 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in labels)
+    if not ok:
+        raise ValueError(f"{raw!r} is not a host name (e.g. rabbit.example.com)")
+    return name
+
+
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,13 +598,37 @@ def _classes_text(value: frozenset[FailureClass]) -> str:
     return ",".join(sorted(c.value for c in value)) or "none"
 
 
+def _none_text(value: str | None) -> str:
+    return value or "none"
+
+
+def _system_cas(value: str | None) -> str:
+    return value or "the system's"
+
+
 SETTINGS: tuple[Setting, ...] = (
     # Global options: every command accepts them, before or after its name.
     Setting("--db", "OUTBOX_DB_URL", "db_url", db_url, "SQLAlchemy database URL",
             commands=None, not_for=frozenset({"demo"}), everywhere=True, metavar="URL",
             secret=True),
-    Setting("--amqp", "OUTBOX_AMQP_URL", "amqp_url", amqp_url, "AMQP URL of the broker",
+    Setting("--amqp", "OUTBOX_AMQP_URL", "amqp_url", amqp_url,
+            "AMQP URL of the broker; a cluster's nodes as several URLs separated by commas, "
+            "tried in order",
             commands=BROKER_COMMANDS, everywhere=True, metavar="URL", secret=True),
+    Setting("--amqp-ca-file", "OUTBOX_AMQP_CA_FILE", "amqp_tls.ca_file", readable_file,
+            "amqps://: verify the broker's certificate with these PEM CA certificates",
+            commands=BROKER_COMMANDS, everywhere=True, show=_system_cas, metavar="FILE"),
+    Setting("--amqp-cert-file", "OUTBOX_AMQP_CERT_FILE", "amqp_tls.cert_file", readable_file,
+            "amqps://: client certificate (PEM) for a broker that asks for one; it may hold "
+            "the key too", commands=BROKER_COMMANDS, everywhere=True, show=_none_text,
+            metavar="FILE"),
+    Setting("--amqp-key-file", "OUTBOX_AMQP_KEY_FILE", "amqp_tls.key_file", readable_file,
+            "amqps://: the client certificate's private key (PEM, unencrypted)",
+            commands=BROKER_COMMANDS, everywhere=True, show=_none_text, metavar="FILE"),
+    Setting("--amqp-server-name", "OUTBOX_AMQP_SERVER_NAME", "amqp_tls.server_name", host_name,
+            "amqps://: the name the broker's certificate must carry, also sent as SNI",
+            commands=BROKER_COMMANDS, everywhere=True, show=lambda v: v or "each URL's host",
+            metavar="NAME"),
     Setting("--log-level", "OUTBOX_LOG_LEVEL", "log_level", OneOf(LEVELS, upper=True),
             "log level", commands=None, everywhere=True),
     # `run`: the relay.
@@ -610,6 +727,7 @@ def resolve(command: str, flags: Mapping[str, Any], environ: Mapping[str, str]) 
 
 
 _PARTS: Mapping[str, Callable[..., Any]] = {
+    "amqp_tls": TlsOptions,
     "policy": RetryPolicy,
     "retention": RetentionPolicy,
     "circuit": CircuitSettings,

@@ -4,7 +4,8 @@
               and `problem` names none), else 503 with the reason: a stuck relay, or one whose
               publisher's IO thread died, is restarted by its orchestrator.
     /readyz   200 when the database answers and the broker connection is open, else 503 with a
-              JSON body saying which is not.
+              JSON body saying which is not; `broker_node` names the node (host:port) of the
+              broker, or of its cluster, the relay is connected to.
     /metrics  the relay's OpenTelemetry metrics in the Prometheus text format.
 
 It runs in a daemon thread and only reads: it never touches the loop's state beyond one timestamp.
@@ -41,6 +42,7 @@ class HealthServer:
         registry: CollectorRegistry | None,
         clock: Callable[[], float] = time.monotonic,
         problem: Callable[[], str | None] = lambda: None,  # why the relay cannot work, if so
+        broker_node: Callable[[], str | None] = lambda: None,  # host:port connected to, if any
     ) -> None:
         server = self
 
@@ -60,6 +62,7 @@ class HealthServer:
         self._stale_after = stale_after
         self._database = database
         self._broker_ready = broker_ready
+        self._broker_node = broker_node
         self._registry = registry
         self._clock = clock
         self._problem = problem
@@ -99,7 +102,11 @@ class HealthServer:
                 checks["database"] = str(exc).splitlines()[0] if str(exc) else repr(exc)
             checks["broker"] = "ok" if self._broker_ready() else "not connected"
             ok = all(v == "ok" for v in checks.values())
-            return _json(200 if ok else 503, {"status": "ok" if ok else "not ready", **checks})
+            body = {"status": "ok" if ok else "not ready", **checks}
+            node = self._broker_node()
+            if node is not None:
+                body["broker_node"] = node
+            return _json(200 if ok else 503, body)
         if path == "/metrics":
             if self._registry is None:
                 return 404, "text/plain", b"metrics are off\n"

@@ -52,6 +52,7 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         config.amqp_url,
         confirm_timeout=config.confirm_timeout,
         name=f"outbox-relay {config.relay_id}",
+        tls=config.amqp_tls,
     )
     publisher.start()
     return wire_relay(store, publisher, config, telemetry=telemetry)
@@ -77,6 +78,7 @@ def bind_http(config: RelayConfig, relay: list[Relay], telemetry: Telemetry) -> 
             stale_after=max(30.0, 10 * config.poll_interval),
             database=database,
             broker_ready=lambda: bool(relay) and relay[0].publisher.ready,
+            broker_node=lambda: _broker_node(relay),
             registry=telemetry.registry,
             problem=lambda: relay[0].problem() if relay else None,
         )
@@ -84,6 +86,12 @@ def bind_http(config: RelayConfig, relay: list[Relay], telemetry: Telemetry) -> 
         raise ConfigError(
             f"--http-port: cannot listen on {config.http_host}:{config.http_port}: {exc.strerror}"
         ) from None
+
+
+def _broker_node(relay: list[Relay]) -> str | None:
+    """The node of the broker (cluster) the relay's publisher is connected to, if any."""
+    publisher = relay[0].publisher if relay else None
+    return publisher.node if isinstance(publisher, Publisher) else None
 
 
 def run_relay(config: RelayConfig) -> int:

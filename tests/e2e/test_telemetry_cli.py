@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy import Engine
 
 import outbox
+from relay.core.urls import node_name
 from tests.conftest import AMQP_URL, Broker, wait_until
 from tests.e2e.test_cli import environment
 
@@ -123,8 +124,9 @@ def test_metrics_scraped_during_a_run_show_the_backlog_draining_to_zero(
     try:
         wait_until(lambda: get(f"{base}/healthz")[0] == 200, timeout=15, what="/healthz")
         status, body = get(f"{base}/readyz")
-        assert (status, json.loads(body)) == (200, {"status": "ok", "database": "ok",
-                                                    "broker": "ok"})  # fmt: skip
+        ready = {"status": "ok", "database": "ok", "broker": "ok",
+                 "broker_node": node_name(AMQP_URL)}  # fmt: skip
+        assert (status, json.loads(body)) == (200, ready)
         pending: list[float] = []
 
         def drained() -> bool:
