@@ -35,6 +35,7 @@ from pika.exceptions import ChannelClosedByBroker, UnsupportedAMQPFieldException
 from relay.amqp.connect_errors import connect_error
 from relay.amqp.nodes import broker_nodes
 from relay.amqp.tls import TlsOptions
+from relay.amqp.untraced import basic_publish, suppress_instrumentation, wrapped_pika
 from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
 from relay.core.outcome import Fate, Outcome
 from relay.core.urls import redact
@@ -175,6 +176,11 @@ class Publisher:
         return thread is None or thread.is_alive()
 
     def _run(self) -> None:
+        # This thread only publishes and settles: no instrumentation may touch its messages.
+        suppress_instrumentation()
+        wrapped = wrapped_pika()
+        if wrapped:
+            log.info("broker.instrumentation_bypassed", extra={"wrapped": ",".join(wrapped)})
         self._ioloop.call_later(1.0, self._check_confirm_timeouts)
         try:
             self._ioloop.start()
@@ -340,8 +346,9 @@ class Publisher:
     def _send(self, chan: _Chan, batch: _Batch, i: int) -> None:
         item = batch.items[i]
         try:
-            chan.channel.basic_publish(
-                item.exchange, item.routing_key, item.body, item.properties, True
+            # pika's own method, around any wrapper that would rewrite traceparent (untraced.py)
+            basic_publish(
+                chan.channel, item.exchange, item.routing_key, item.body, item.properties, True
             )
         except _ENCODING_ERRORS as exc:
             reason = f"cannot encode message: {exc!r}"

@@ -33,6 +33,16 @@ from relay.ports import Claimed, StateCounts, Store
 LOOP_SPAN_EVERY = 1.0  # seconds between two sampled loop spans of one kind
 COUNTS_FRESH = 0.5  # seconds one reading of the state counts serves the gauges of a collection
 ALIVE_WITHIN = 30.0  # a relay whose heartbeat is older than this is not counted as alive
+# Latency bucket edges in milliseconds, 1 ms to 60 s: fine where a healthy relay is (a few ms
+# from commit to confirm), coarser out to the confirm timeouts. The SDK's default edges
+# (0, 5, 10, 25, ... 10000) would make one bucket of everything under 5 ms.
+LATENCY_BUCKETS_MS = (
+    1, 2, 3, 4, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 750,
+    1_000, 2_500, 5_000, 10_000, 20_000, 30_000, 60_000,
+)  # fmt: skip
+# Rows per claim: 1 (a trickle) up to the largest batches anyone configures.
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000)
+_ONE_MS = dt.timedelta(milliseconds=1)  # dividing by it is exact to the microsecond
 _W3C = TraceContextTextMapPropagator()
 _CIRCUIT_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
 
@@ -80,12 +90,16 @@ class Observer:
         )
         self._latency = meter.create_histogram(
             "outbox.publish.latency",
-            unit="s",
+            unit="ms",
             description="from when a message became due (its commit, or the end of its delay or "
             "backoff) to the broker's confirm",
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_MS,
         )
         self._batch = meter.create_histogram(
-            "outbox.claim.batch_size", unit="{message}", description="rows per claim"
+            "outbox.claim.batch_size",
+            unit="{message}",
+            description="rows per claim",
+            explicit_bucket_boundaries_advisory=BATCH_BUCKETS,
         )
         self._transitions = meter.create_counter(
             "outbox.circuit.transitions",
@@ -224,7 +238,7 @@ class Observer:
         for seq in published:
             row = rows[seq]
             by_exchange[row.exchange] = by_exchange.get(row.exchange, 0) + 1
-            record_latency(max(0.0, (now - row.available_at).total_seconds()))
+            record_latency(max(0.0, (now - row.available_at) / _ONE_MS))
         for exchange, n in by_exchange.items():
             self._published.add(n, {"exchange": exchange})
         for decision in failures:

@@ -7,8 +7,10 @@ Metrics: `OTEL_METRICS_EXPORTER` the same way, plus a Prometheus reader when the
 `/metrics` (`run --http-port`). `OTEL_SERVICE_NAME` defaults to `outbox-relay`; every other
 `OTEL_*` setting (endpoint, headers, sampler, resource attributes) is read by the SDK itself.
 
-The relay's own tracer provider is never installed globally, so a pika auto-instrumentation in the
-same process cannot replace the `traceparent` the relay puts on each message.
+The relay's own tracer provider is never installed globally: zero-code instrumentation
+(`opentelemetry-instrument`) in the same process keeps its own global one. Its pika
+instrumentation cannot replace the `traceparent` the relay puts on each message either: the
+publisher goes around it (relay/amqp/untraced.py).
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_metrics_scraped_during_a_run_show_the_backlog_draining_to_zero(
     assert sample(text, "outbox_messages_published_total", exchange=broker.exchange) == n
     assert sample(text, "outbox_relays_alive") == 1
     assert sample(text, "outbox_oldest_ready_age_seconds") == 0
-    assert re.search(r"^outbox_publish_latency_seconds_count\S* 600", text, re.M), text
+    assert re.search(r"^outbox_publish_latency_milliseconds_count\S* 600", text, re.M), text
     assert sample(text, "outbox_circuit_state", resource=f"127.0.0.1:5672/%2F/{broker.exchange}") \
         == 0  # fmt: skip
 

@@ -1,0 +1,52 @@
+"""The relay's publishes, out of reach of any instrumentation of pika.
+
+A message leaves the relay with the trace context `enqueue` captured (or that of the relay's send
+span, its child) in `traceparent`. An instrumentation of pika rewrites that header on publish:
+opentelemetry-instrumentation-pika, which `opentelemetry-instrument` and the OpenTelemetry
+Operator load, wraps each new channel's `basic_publish` and injects the context of a new root
+span over it, so the consumer would land in another trace. So the relay:
+
+- calls pika's own `Channel.basic_publish` as a plain function, taken at import from under any
+  wrapper already installed (wrapt and functools wrappers keep it as `__wrapped__`): a wrapper
+  set on a channel object, or on the class later, is not on the path;
+- runs its IO thread with OpenTelemetry's suppress-instrumentation flag set, which every
+  OpenTelemetry instrumentation checks before it records or injects anything, in case one hooks
+  in deeper than `basic_publish`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import Callable
+
+from opentelemetry import context
+from pika.channel import Channel
+from pika.connection import Connection
+
+basic_publish: Callable[..., None] = inspect.unwrap(Channel.basic_publish)
+
+# The API's key, and the plain string that older instrumentations read (opentelemetry-
+# instrumentation's suppress_instrumentation() sets both).
+_PLAIN_KEY = "suppress_instrumentation"
+_SUPPRESS_KEYS = (getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", _PLAIN_KEY), _PLAIN_KEY)
+
+# What instrumentations of pika wrap (opentelemetry-instrumentation-pika: Connection.channel).
+_WATCHED = ((Connection, "channel"), (Channel, "basic_publish"))
+
+
+def suppress_instrumentation() -> contextvars.Token[context.Context]:
+    """Set the flag in the calling thread's context; the token undoes it (`context.detach`)."""
+    ctx = context.get_current()
+    for key in _SUPPRESS_KEYS:
+        ctx = context.set_value(key, True, ctx)
+    return context.attach(ctx)
+
+
+def wrapped_pika() -> list[str]:
+    """pika's methods that something (an instrumentation) has wrapped, by qualified name."""
+    return [
+        f"{cls.__module__}.{cls.__qualname__}.{name}"
+        for cls, name in _WATCHED
+        if hasattr(getattr(cls, name), "__wrapped__")
+    ]
