@@ -23,7 +23,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import outbox
 from outbox.schema import message as outbox_message
-from outbox.testing import assert_enqueued_async, enqueued, enqueued_async
+from outbox.testing import (
+    assert_enqueued_async,
+    assert_not_enqueued_async,
+    enqueued,
+    enqueued_async,
+)
 from tests.conftest import Broker, RelayFactory, make_app_engine, pg_schema, row_count, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -152,8 +157,10 @@ def test_commit_writes_the_row_and_the_business_row(
                 message_id = await outbox.enqueue_async(session, **FULL)
                 # Joined the session's transaction without flushing the caller's objects.
                 assert order in session.new
-                # The transaction sees its own uncommitted row.
+                # The transaction sees its own uncommitted row, through the async test helpers.
                 await assert_enqueued_async(session, count=1, key="order-42")
+                with pytest.raises(AssertionError, match=r"(?s)1 found.*key='order-42'"):
+                    await assert_not_enqueued_async(session, exchange="orders")
             return message_id
         async with engine.connect() as conn, conn.begin():
             await conn.execute(insert(Order).values(id=42, customer="acme"))
