@@ -31,7 +31,7 @@ from outbox.errors import (
     PayloadTooLarge,
     SchemaMissing,
 )
-from outbox.schema import create_schema
+from outbox.schema import create_schema, metadata
 from outbox.states import State
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
@@ -102,6 +102,7 @@ __all__ = [
     "create_schema",
     "enqueue",
     "enqueue_async",
+    "metadata",
     "process_once",
     "purge_inbox",
     "testing",

@@ -1,20 +1,28 @@
-"""Schema upgrades: each version is one function; the applied version is recorded in a table."""
+"""Creating and upgrading the outbox schema, whatever made it.
+
+`upgrade` compares the database with `outbox.metadata` (outbox/shape.py) and closes every gap:
+it creates missing tables, indexes and unique constraints, adds missing columns, sets missing
+autovacuum settings, rebuilds an index whose definition changed, drops an index a later version
+replaced, and records the version. So one path upgrades a schema `migrate` made, completes one
+an Alembic migration made from `outbox.metadata` (which records no version), and changes nothing
+on a complete one. A future change that adding cannot express (a backfill, a type change) gets a
+numbered step of its own here, run before the comparison.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
 
-from sqlalchemy import Connection, Engine, func, insert, inspect, select
+from sqlalchemy import Connection, Engine, Index, Table, func, insert, inspect, select, text
+from sqlalchemy.schema import CreateColumn
 
 from outbox import schema
+from outbox.errors import OutboxError
+from outbox.shape import Gap, Kind, Shape, structural_gaps
 
-Migration = Callable[[Connection], None]
 
-
-def _v1(conn: Connection) -> None:
-    schema.message.create(conn, checkfirst=True)
-    schema.attempt.create(conn, checkfirst=True)
+class SchemaConflict(OutboxError):
+    """The database has an outbox table that `migrate` cannot complete."""
 
 
 # Autovacuum per table. Storage parameters cannot be bound, so the ALTER statements below are
@@ -54,62 +62,125 @@ AUTOVACUUM_SETTINGS: dict[str, dict[str, float]] = {
     },
 }
 
+
 # SET (storage parameters) takes a SHARE UPDATE EXCLUSIVE lock: reads and writes go on; only
 # another schema change or a VACUUM conflicts (autovacuum yields to it). Idempotent.
+def _settings(params: dict[str, float]) -> list[str]:
+    return [f"{name} = {value}" for name, value in params.items()]
+
+
+def _alter_storage(table: str, settings: list[str]) -> str:
+    return f"ALTER TABLE {table} SET ({', '.join(settings)})"
+
+
 STORAGE_SETTINGS_SQL: tuple[str, ...] = tuple(
-    f"ALTER TABLE {table} SET ({', '.join(f'{name} = {value}' for name, value in params.items())})"
-    for table, params in AUTOVACUUM_SETTINGS.items()
+    _alter_storage(table, _settings(params)) for table, params in AUTOVACUUM_SETTINGS.items()
 )
 
 
-def apply_storage_settings(conn: Connection) -> None:
-    """Set AUTOVACUUM_SETTINGS on the outbox tables (PostgreSQL; nothing on other databases).
+def storage_settings_sql(dialect: str) -> tuple[str, ...]:
+    """The statements that set AUTOVACUUM_SETTINGS on `dialect` ("postgresql", ...): none on a
+    database without them. For a migration of your own (outbox.alembic.apply_storage_settings)."""
+    return STORAGE_SETTINGS_SQL if dialect == "postgresql" else ()
 
-    Meant for a migration: runs in the caller's transaction and never commits.
-    """
-    if conn.dialect.name != "postgresql":
-        return
-    for statement in STORAGE_SETTINGS_SQL:
+
+def apply_storage_settings(conn: Connection) -> None:
+    """Set every one of AUTOVACUUM_SETTINGS on the outbox tables (PostgreSQL; nothing on other
+    databases), over any value already there. Runs in the caller's transaction, never commits."""
+    for statement in storage_settings_sql(conn.dialect.name):
         conn.exec_driver_sql(statement)
 
 
-def _v2(conn: Connection) -> None:
-    apply_storage_settings(conn)
+# The storage parameters a table has (PostgreSQL), found through the search_path as the
+# inspector finds the tables; each is "name=value".
+_RELOPTIONS = text("SELECT reloptions FROM pg_class WHERE oid = to_regclass(:table)")
 
 
-def _v3(conn: Connection) -> None:
-    schema.resource.create(conn, checkfirst=True)
-
-
-def _v4(conn: Connection) -> None:
-    schema.inbox.create(conn, checkfirst=True)
-
-
-def _v5(conn: Connection) -> None:
-    schema.relay_instance.create(conn, checkfirst=True)
-
-
-def _v6(conn: Connection) -> None:
-    # Inbox retention became per consumer: (consumer, processed_at) replaces (processed_at),
-    # which a per-consumer purge could only walk past other consumers' rows. Building it locks
-    # the inbox against writes (consumers wait) for as long as the build takes.
-    for index in schema.inbox.indexes:
-        index.create(conn, checkfirst=True)
-    conn.exec_driver_sql("DROP INDEX IF EXISTS outbox_inbox_processed_idx")
-
-
-MIGRATIONS: dict[int, Migration] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6}
+def storage_gaps(conn: Connection, tables: frozenset[str]) -> list[Gap]:
+    """AUTOVACUUM_SETTINGS parameters the existing outbox tables do not have at all. A value an
+    operator chose instead is theirs to keep: only a parameter that is unset is missing."""
+    if conn.dialect.name != "postgresql":
+        return []
+    gaps = []
+    for table, params in AUTOVACUUM_SETTINGS.items():
+        if table not in tables:
+            continue
+        options = conn.execute(_RELOPTIONS, {"table": table}).scalar_one_or_none() or []
+        have = {option.split("=", 1)[0] for option in options}
+        missing = tuple(_settings({k: v for k, v in params.items() if k not in have}))
+        if missing:
+            gaps.append(Gap(Kind.STORAGE, table, missing))
+    return gaps
 
 
 def current_version(conn: Connection) -> int:
+    """The highest version `migrate` recorded; 0 when none (never migrated, or made otherwise)."""
     if not inspect(conn).has_table(schema.schema_version.name):
         return 0
     found = conn.execute(select(func.max(schema.schema_version.c.version))).scalar()
     return int(found or 0)
 
 
+def inspect_schema(conn: Connection) -> Shape:
+    """The outbox schema on `conn` against what this version needs; changes nothing."""
+    tables, gaps = structural_gaps(conn)
+    gaps.extend(storage_gaps(conn, tables))
+    return Shape(current_version(conn), tables, tuple(gaps))
+
+
+def complete(conn: Connection, shape: Shape) -> None:
+    """Close every gap of `shape` (in its order: tables first) in the caller's transaction.
+
+    Building an index locks its table against writes (not reads) for as long as the build
+    takes: on a large live table, prefer a quiet moment.
+    """
+    for gap in shape.gaps:
+        table = schema.metadata.tables[gap.table]
+        if gap.kind is Kind.TABLE:
+            table.create(conn)
+            if gap.table in AUTOVACUUM_SETTINGS and conn.dialect.name == "postgresql":
+                settings = _settings(AUTOVACUUM_SETTINGS[gap.table])
+                conn.exec_driver_sql(_alter_storage(gap.table, settings))
+        elif gap.kind is Kind.COLUMNS:
+            for name in gap.names:
+                _add_column(conn, table, name)
+        elif gap.kind is Kind.UNIQUE:
+            # The name PostgreSQL gives an unnamed UNIQUE constraint; an index, since SQLite
+            # cannot add a constraint to a table.
+            name = f"{gap.table}_{'_'.join(gap.names)}_key"
+            conn.exec_driver_sql(
+                f"CREATE UNIQUE INDEX {name} ON {gap.table} ({', '.join(gap.names)})"
+            )
+        elif gap.kind is Kind.INDEX:
+            _index(table, gap.names[0]).create(conn)
+        elif gap.kind is Kind.INDEX_DIFFERS:
+            conn.exec_driver_sql(f"DROP INDEX {gap.names[0]}")
+            _index(table, gap.names[0]).create(conn)
+        elif gap.kind is Kind.OBSOLETE_INDEX:
+            conn.exec_driver_sql(f"DROP INDEX IF EXISTS {gap.names[0]}")
+        elif gap.kind is Kind.STORAGE and conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(_alter_storage(gap.table, list(gap.names)))
+
+
+def _index(table: Table, name: str) -> Index:
+    return next(index for index in table.indexes if index.name == name)
+
+
+def _add_column(conn: Connection, table: Table, name: str) -> None:
+    column = table.c[name]
+    if not column.nullable and column.server_default is None:
+        # No value to give the rows already there; this was never an outbox table's shape.
+        raise SchemaConflict(
+            f"{table.name} lacks column {name}, which is NOT NULL without a default, so it "
+            f"cannot be added: {table.name} was not made from outbox.metadata"
+        )
+    spec = CreateColumn(column).compile(dialect=conn.dialect)
+    conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {spec}")
+
+
 def upgrade(bind: Engine | Connection) -> int:
-    """Apply every migration newer than the recorded version; return the version now in place."""
+    """Bring the outbox schema to this version (create, upgrade or complete it); return the
+    version now recorded. Safe to repeat and to race (PostgreSQL serialises migrations)."""
     if isinstance(bind, Engine):
         with bind.begin() as conn:
             return _upgrade(conn)
@@ -120,15 +191,14 @@ def _upgrade(conn: Connection) -> int:
     if conn.dialect.name == "postgresql":
         # Two deploys migrating at once must not both create the same table.
         conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext('outbox_relay.migrate'))")
-    schema.schema_version.create(conn, checkfirst=True)
     version = current_version(conn)
-    for number in sorted(MIGRATIONS):
-        if number > version:
-            MIGRATIONS[number](conn)
-            conn.execute(
-                insert(schema.schema_version).values(
-                    version=number, applied_at=dt.datetime.now(dt.UTC)
-                )
-            )
-            version = number
-    return version
+    if version > schema.SCHEMA_VERSION:
+        # A newer outbox migrated this database; what this one calls obsolete or different may
+        # be what that one needs.
+        return version
+    complete(conn, inspect_schema(conn))
+    # One row per version the schema now has, as when each version was its own step.
+    now = dt.datetime.now(dt.UTC)
+    for number in range(version + 1, schema.SCHEMA_VERSION + 1):
+        conn.execute(insert(schema.schema_version).values(version=number, applied_at=now))
+    return schema.SCHEMA_VERSION

@@ -1,17 +1,23 @@
-"""`outbox-relay migrate` and `outbox-relay status`: the schema, and what is in it."""
+"""`outbox-relay migrate [--check]` and `outbox-relay status`: the schema, and what is in it."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import sys
 
 import outbox
+from outbox.migrate import SchemaConflict, inspect_schema
+from outbox.schema import SCHEMA_VERSION
+from outbox.shape import Shape
 from relay.cli.circuits import format_circuits, not_closed
 from relay.cli.messages import operator_engine, per_exchange, table
 from relay.cli.options import Commands, Handler
 from relay.core.urls import redact
+from relay.errors import RelayError
 from relay.runtime.config import RelayConfig
+from relay.runtime.logs import printable
 from relay.store import admin
 from relay.store.sql_store import open_store
 
@@ -19,16 +25,63 @@ log = logging.getLogger("relay")
 
 
 def add_parsers(sub: Commands) -> None:
-    sub.add_parser("migrate", help="create or upgrade the outbox schema, then exit")
+    migrate = sub.add_parser(
+        "migrate", help="create, upgrade or complete the outbox schema, then exit"
+    )
+    migrate.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing: exit 0 when the schema is up to date, 1 listing what is missing "
+        "or different",
+    )
     status = sub.add_parser("status", help="counts by state and the age of the oldest ready one")
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def cmd_migrate(config: RelayConfig, args: argparse.Namespace) -> int:
     with operator_engine(config) as engine:
-        version = admin.migrate(engine)
-    log.info("schema.migrated", extra={"version": version, "db": redact(config.db_url)})
+        with engine.connect() as conn:
+            before = inspect_schema(conn)  # only to say what changed: migrate looks again
+        if args.check:
+            return report_check(before)
+        try:
+            version = admin.migrate(engine)
+        except SchemaConflict as exc:
+            raise RelayError(str(exc)) from None
+    changed = "; ".join(str(gap) for gap in before.gaps) or "nothing"
+    if before.version < version:
+        changed = f"{changed}; recorded version {version}".removeprefix("nothing; ")
+    log.info(
+        "schema.migrated",
+        extra={"version": version, "changed": changed, "db": redact(config.db_url)},
+    )
     return 0
+
+
+def report_check(shape: Shape) -> int:
+    """`migrate --check`: what `migrate` would change, one item a line on stdout; exit 1 (with
+    one line on stderr) when that is anything."""
+    if shape.version > SCHEMA_VERSION:
+        print(f"outbox schema is version {shape.version}, newer than this outbox-relay's "
+              f"{SCHEMA_VERSION}: nothing to do")  # fmt: skip
+        return 0
+    if shape.complete:
+        recorded = (
+            "recorded" if shape.version == SCHEMA_VERSION
+            else "not recorded: `outbox-relay migrate` would record it, changing nothing else"
+        )  # fmt: skip
+        print(f"outbox schema is up to date (version {SCHEMA_VERSION}, {recorded})")
+        return 0
+    for gap in shape.gaps:
+        print(printable(str(gap)))
+    recorded = f"version {shape.version}" if shape.version else "no recorded version"
+    print(
+        f"outbox-relay: migrate --check: the outbox schema ({recorded}) differs from version "
+        f"{SCHEMA_VERSION} in {len(shape.gaps)} way(s), listed on stdout; nothing was changed: "
+        "run `outbox-relay migrate` to bring it up to date",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def status_report(config: RelayConfig) -> dict[str, float | int | None]:

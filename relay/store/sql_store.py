@@ -18,8 +18,9 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from outbox.encoding import load_stored_json
-from outbox.migrate import current_version
+from outbox.migrate import current_version, inspect_schema
 from outbox.schema import is_missing_table
+from outbox.shape import Shape
 from relay.core.bucket import Bucket
 from relay.core.circuit import Circuit, CircuitState
 from relay.core.policy import Dead, Retry
@@ -276,9 +277,15 @@ class SqlStore:
         return StateCounts(by_state, int(ready or 0), int(delayed or 0), oldest)
 
     def schema_version(self) -> int:
-        """The outbox schema's version in this database (0: not created)."""
+        """The outbox schema's version `migrate` recorded in this database (0: none)."""
         with self._conn() as conn:
             return current_version(conn)
+
+    def schema_shape(self) -> Shape:
+        """The outbox schema in this database against what this version needs (for a schema
+        that recorded no version, such as one an Alembic migration made)."""
+        with self._conn() as conn:
+            return inspect_schema(conn)
 
     def ping(self) -> None:
         with self._side_conn() as conn:
