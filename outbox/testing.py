@@ -48,7 +48,7 @@ from sqlalchemy.orm import Session
 from outbox.schema import message
 from outbox.sessions import sync_connection
 
-if TYPE_CHECKING:  # imported by the async helpers when called: sync tests never load asyncio
+if TYPE_CHECKING:  # loaded by the async helpers when called: sync tests never load it
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 __all__ = [
@@ -155,7 +155,7 @@ async def enqueued_async(
     db: AsyncSession | AsyncConnection, **filters: Unpack[Filters]
 ) -> list[EnqueuedMessage]:
     """`enqueued`, for an AsyncSession or AsyncConnection."""
-    conn = await _async_connection(db, "outbox.testing.enqueued_async")
+    conn = await _async_connection(db, "enqueued")
     return await conn.run_sync(lambda sync: enqueued(sync, **filters))
 
 
@@ -163,7 +163,7 @@ async def assert_enqueued_async(
     db: AsyncSession | AsyncConnection, *, count: int | None = None, **filters: Unpack[Filters]
 ) -> list[EnqueuedMessage]:
     """`assert_enqueued`, for an AsyncSession or AsyncConnection."""
-    conn = await _async_connection(db, "outbox.testing.assert_enqueued_async")
+    conn = await _async_connection(db, "assert_enqueued")
     return await conn.run_sync(lambda sync: assert_enqueued(sync, count=count, **filters))
 
 
@@ -171,7 +171,7 @@ async def assert_not_enqueued_async(
     db: AsyncSession | AsyncConnection, **filters: Unpack[Filters]
 ) -> None:
     """`assert_not_enqueued`, for an AsyncSession or AsyncConnection."""
-    conn = await _async_connection(db, "outbox.testing.assert_not_enqueued_async")
+    conn = await _async_connection(db, "assert_not_enqueued")
     await conn.run_sync(lambda sync: assert_not_enqueued(sync, **filters))
 
 
@@ -182,10 +182,13 @@ def _sync_connection(db: object, name: str) -> Connection:
     return sync_connection(db, call=call, async_call=f"{call}_async")
 
 
-async def _async_connection(db: object, call: str) -> AsyncConnection:
+async def _async_connection(db: object, name: str) -> AsyncConnection:
+    """The async connection of the transaction under test; a sync one is refused with the name
+    of the helper's sync form."""
     from outbox.async_enqueue import async_connection  # loads SQLAlchemy's asyncio extension
 
-    return await async_connection(db, call=call, sync_call=call.removesuffix("_async"))
+    call = f"outbox.testing.{name}"
+    return await async_connection(db, call=f"{call}_async", sync_call=call)
 
 
 def decode_payload(body: bytes, content_type: str) -> Any:
