@@ -25,6 +25,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 ORDER = {"order_id": 42, "customer": "Zoë", "total": 12.5}
 NOTE = "Grüße, 世界"
+BLOB = b"\x00\xff\xfe raw \x80"  # not UTF-8
+PAYLOADS: dict[str, object] = {"json": ORDER, "text": NOTE, "bytes": BLOB}
 
 
 @pytest.mark.parametrize("relay_traces", [True, False], ids=["relay traced", "relay untraced"])
@@ -42,12 +44,12 @@ def test_a_faststream_subscriber_decodes_and_joins_the_producers_trace(
     app = provider.get_tracer("app")
     # FastStream declares its own queues on the test's exchange (same arguments as the fixture's).
     exchange = RabbitExchange(broker.exchange, type=ExchangeType.TOPIC, durable=True)
-    names = {kind: broker.own(f"{broker.exchange}.faststream.{kind}") for kind in ("json", "text")}
+    names = {kind: broker.own(f"{broker.exchange}.faststream.{kind}") for kind in PAYLOADS}
     got: dict[str, Any] = {}
     telemetry = Telemetry(tracer=provider.get_tracer("outbox-relay")) if relay_traces else None
 
     async def scenario() -> Span:
-        both = asyncio.Event()
+        every = asyncio.Event()
         stream = RabbitBroker(
             amqp_url, middlewares=[RabbitTelemetryMiddleware(tracer_provider=provider)]
         )
@@ -55,14 +57,20 @@ def test_a_faststream_subscriber_decodes_and_joins_the_producers_trace(
         @stream.subscriber(RabbitQueue(names["json"], routing_key="interop.json"), exchange)
         async def on_order(body: dict[str, Any]) -> None:
             got["json"] = body
-            if len(got) == 2:
-                both.set()
+            if len(got) == len(PAYLOADS):
+                every.set()
 
         @stream.subscriber(RabbitQueue(names["text"], routing_key="interop.text"), exchange)
         async def on_note(body: str) -> None:  # FastStream decodes only bare text/plain itself
             got["text"] = body
-            if len(got) == 2:
-                both.set()
+            if len(got) == len(PAYLOADS):
+                every.set()
+
+        @stream.subscriber(RabbitQueue(names["bytes"], routing_key="interop.bytes"), exchange)
+        async def on_blob(body: bytes) -> None:
+            got["bytes"] = body
+            if len(got) == len(PAYLOADS):
+                every.set()
 
         async with stream:
             await stream.start()  # queues declared and bound before anything is published
@@ -71,7 +79,7 @@ def test_a_faststream_subscriber_decodes_and_joins_the_producers_trace(
                 Session(pg_engine) as session,
                 session.begin(),
             ):
-                for kind, payload in (("json", ORDER), ("text", NOTE)):
+                for kind, payload in PAYLOADS.items():
                     outbox.enqueue(
                         session,
                         exchange=broker.exchange,
@@ -79,25 +87,25 @@ def test_a_faststream_subscriber_decodes_and_joins_the_producers_trace(
                         payload=payload,
                     )
             relay_factory(pg_url, telemetry=telemetry)  # publishes from its own thread
-            await asyncio.wait_for(both.wait(), timeout=20)
+            await asyncio.wait_for(every.wait(), timeout=20)
         return request
 
     request = asyncio.run(scenario())
-    assert got == {"json": ORDER, "text": NOTE}
+    assert got == PAYLOADS
 
     trace_id, request_id = request.get_span_context().trace_id, request.get_span_context().span_id
     sends = send_spans(exporter)
     if relay_traces:
         # A send span ends at the broker's confirm, which may come after the delivery.
-        wait_until(lambda: len(send_spans(exporter)) == 2, what="2 send spans")
+        wait_until(lambda: len(send_spans(exporter)) == len(PAYLOADS), what="the send spans")
         sends = send_spans(exporter)
-        assert [s.parent.span_id if s.parent else None for s in sends] == [request_id] * 2
+        assert [s.parent.span_id if s.parent else None for s in sends] == [request_id] * 3
     else:
         assert sends == []
     # Each process span is a child of what the message carried: the relay's send span when the
     # relay traces, else the span the message was enqueued in. The producer's trace either way.
     parents = {s.context.span_id for s in sends} if relay_traces else {request_id}
-    wait_until(lambda: len(process_spans(exporter)) == 2, what="2 process spans")
+    wait_until(lambda: len(process_spans(exporter)) == len(PAYLOADS), what="the process spans")
     for span in process_spans(exporter):
         assert span.name in {f"{broker.exchange}.interop.{kind} process" for kind in names}
         assert span.context.trace_id == trace_id, span.name
