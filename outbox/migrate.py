@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import Connection, Engine, Index, Table, func, insert, inspect, select, text
-from sqlalchemy.schema import CreateColumn
+from sqlalchemy.schema import CreateColumn, DropIndex
 
 from outbox import schema
 from outbox.errors import OutboxError
@@ -154,10 +154,12 @@ def complete(conn: Connection, shape: Shape) -> None:
         elif gap.kind is Kind.INDEX:
             _index(table, gap.names[0]).create(conn)
         elif gap.kind is Kind.INDEX_DIFFERS:
-            conn.exec_driver_sql(f"DROP INDEX {gap.names[0]}")
-            _index(table, gap.names[0]).create(conn)
+            index = _index(table, gap.names[0])
+            conn.execute(DropIndex(index))
+            index.create(conn)
         elif gap.kind is Kind.OBSOLETE_INDEX:
-            conn.exec_driver_sql(f"DROP INDEX IF EXISTS {gap.names[0]}")
+            retired = next(ix for ix in schema.OBSOLETE_INDEXES if ix.name == gap.names[0])
+            conn.execute(DropIndex(retired, if_exists=True))
         elif gap.kind is Kind.STORAGE and conn.dialect.name == "postgresql":
             conn.exec_driver_sql(_alter_storage(gap.table, list(gap.names)))
 

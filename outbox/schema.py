@@ -214,11 +214,16 @@ schema_version = Table(
 )
 
 
-# Indexes an earlier version created and a later one replaced: name -> table. Migrate drops them.
-OBSOLETE_INDEXES: dict[str, str] = {
+# Indexes an earlier version created and a later one replaced, as that version declared them
+# (a MetaData of their own: never created from here). Migrate drops them.
+_retired = MetaData()
+OBSOLETE_INDEXES: tuple[Index, ...] = (
     # Version 6: retention runs per consumer, over (consumer, processed_at).
-    "outbox_inbox_processed_idx": "outbox_inbox",
-}
+    Index(
+        "outbox_inbox_processed_idx",
+        Table("outbox_inbox", _retired, Column("processed_at", _Time)).c.processed_at,
+    ),
+)
 
 
 def is_missing_table(exc: DBAPIError) -> bool:

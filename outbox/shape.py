@@ -97,13 +97,15 @@ def structural_gaps(conn: Connection) -> tuple[frozenset[str], list[Gap]]:
     """The outbox tables `conn`'s default schema has, and every structural gap."""
     inspector = inspect(conn)
     found = frozenset(inspector.get_table_names()) & frozenset(metadata.tables)
-    gaps: list[Gap] = []
+    gaps = [
+        Gap(Kind.TABLE, table.name) for table in metadata.sorted_tables if table.name not in found
+    ]
     for table in metadata.sorted_tables:
-        if table.name not in found:
-            gaps.append(Gap(Kind.TABLE, table.name))
-            continue
-        gaps.extend(_table_gaps(inspector, table, conn.dialect.name))
-    for name, table_name in OBSOLETE_INDEXES.items():
+        if table.name in found:
+            gaps.extend(_table_gaps(inspector, table, conn.dialect.name))
+    for index in OBSOLETE_INDEXES:
+        assert index.table is not None  # each is declared on its table
+        table_name, name = index.table.name, str(index.name)
         if table_name in found and name in _reflected_indexes(inspector, table_name):
             gaps.append(Gap(Kind.OBSOLETE_INDEX, table_name, (name,)))
     return found, gaps

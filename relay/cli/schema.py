@@ -48,12 +48,15 @@ def cmd_migrate(config: RelayConfig, args: argparse.Namespace) -> int:
             version = admin.migrate(engine)
         except SchemaConflict as exc:
             raise RelayError(str(exc)) from None
-    changed = "; ".join(str(gap) for gap in before.gaps) or "nothing"
-    if before.version < version:
-        changed = f"{changed}; recorded version {version}".removeprefix("nothing; ")
+    fixed = "; ".join(str(gap) for gap in before.gaps) or "nothing"
     log.info(
         "schema.migrated",
-        extra={"version": version, "changed": changed, "db": redact(config.db_url)},
+        extra={
+            "version": version,
+            "previous_version": before.version,
+            "fixed": fixed,
+            "db": redact(config.db_url),
+        },
     )
     return 0
 
