@@ -23,6 +23,11 @@ class SchemaNotFound(RelayError):
     """The outbox tables do not exist in this database."""
 
 
+class PermissionDenied(RelayError):
+    """The database role lacks a privilege a statement needs (SQLSTATE 42501); `outbox-relay
+    grants` prints what each role needs."""
+
+
 class MigrationDenied(RelayError):
     """The database role may not create or change the outbox tables; the message names the
     missing privilege."""
