@@ -25,7 +25,7 @@ from relay.core.bucket import Bucket
 from relay.core.circuit import Circuit, CircuitState
 from relay.core.policy import Dead, Retry
 from relay.core.retention import RetentionPolicy
-from relay.errors import DatabaseUnavailable, RelayError, SchemaNotFound
+from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError, SchemaNotFound
 from relay.ports import Claimed, ResourceRow, RetentionFailed, StateCounts, T
 from relay.store import retention
 from relay.store.common import ALONE
@@ -262,6 +262,8 @@ class SqlStore:
                 return retention.run_retention_once(self.engine, policy, now)
         except DatabaseUnavailable:
             raise
+        except PermissionDenied as exc:  # a relay role granted no DELETE: retention only stops
+            raise RetentionFailed(str(exc)) from exc
         except SQLAlchemyError as exc:
             # Housekeeping only: whatever the database says (a lock timeout, a constraint, a
             # corrupt page on SQLite), it must not stop the relay. Said once, tried again later.
@@ -367,6 +369,9 @@ def translate_db_error(engine: Engine, exc: DBAPIError) -> RelayError | None:
         return SchemaNotFound(
             "the outbox tables do not exist in this database: run `outbox-relay migrate`"
         )
+    if getattr(exc.orig, "sqlstate", None) == "42501":  # insufficient_privilege
+        # A role without a grant it needs (relay/store/grants.py); the CLI names which.
+        return PermissionDenied(_first_line(exc))
     if DIALECTS[engine.dialect.name].is_transient(exc) or exc.connection_invalidated:
         return DatabaseUnavailable(_describe(engine, exc))
     return None
