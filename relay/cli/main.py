@@ -15,10 +15,16 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn
 
-from relay.cli import circuits, demo, messages, retention, run, schema
+from relay.cli import circuits, demo, grants, messages, retention, run, schema
 from relay.cli.options import Handler, accept_global_options_after, add_global_options, configure
 from relay.core.urls import secrets_of
-from relay.errors import BrokerUnavailable, ConfigError, RelayError, plain_broker_error
+from relay.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    PermissionDenied,
+    RelayError,
+    plain_broker_error,
+)
 from relay.runtime import logs
 from relay.runtime.logs import one_line
 
@@ -32,6 +38,7 @@ _COMMANDS: dict[str, Handler] = {
     **messages.COMMANDS,
     **retention.COMMANDS,
     **circuits.COMMANDS,
+    **grants.COMMANDS,
     **demo.COMMANDS,
 }
 
@@ -64,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     messages.add_parsers(sub)
     retention.add_parser(sub)
     circuits.add_parser(sub)
+    grants.add_parser(sub)
     demo.add_parsers(sub)
     accept_global_options_after(sub)
     return parser
@@ -110,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(
             EXIT_FAILURE, f"outbox-relay: {args.command} failed: {plain_broker_error(str(exc))}"
         )
+    except PermissionDenied as exc:  # named as the privileges the role lacks
+        why = grants.explain_denied(config, args, exc)
+        return fail(EXIT_FAILURE, f"outbox-relay: {args.command} failed: {why}")
     except RelayError as exc:
         return fail(EXIT_FAILURE, f"outbox-relay: {args.command} failed: {exc}")
     except KeyboardInterrupt:
