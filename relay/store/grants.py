@@ -192,16 +192,17 @@ MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are sile
 
 
 def check_identifier(name: str) -> str:
-    """`name` if PostgreSQL can take it as a role or schema name; ValueError saying why not."""
+    """`name` if PostgreSQL can take it as a role or schema name; ValueError saying why not
+    (without the name: a mistyped argument may be a password)."""
     if not name.strip():
         raise ValueError("a name is needed")
     if not name.isprintable():
         # A newline would end the comment the name is printed in, and run what follows.
-        raise ValueError(f"{name!r} contains a control character")
+        raise ValueError("contains a control character")
     if len(name.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
-        raise ValueError(f"{name!r} is longer than {MAX_IDENTIFIER_BYTES} bytes")
+        raise ValueError(f"longer than {MAX_IDENTIFIER_BYTES} bytes, PostgreSQL's limit")
     if name.lower().startswith("pg_"):
-        raise ValueError(f"{name!r}: names starting with pg_ are PostgreSQL's own")
+        raise ValueError("names starting with pg_ are PostgreSQL's own")
     return name
 
 
