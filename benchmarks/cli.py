@@ -6,6 +6,10 @@ Phases, in order (choose with --phases):
   subprocess   `outbox-relay --db URL run`, as operators run it (also its peak RSS and CPU)
   one-at-a-time  for comparison: what most outbox libraries do, each message published and its
                confirm awaited before it is marked (BlockingConnection; 20,000 messages)
+  prepared     the in-process drain twice, without server-side prepared statements (the relay's
+               default, which PgBouncer's transaction mode needs) and with them (psycopg's
+               default, `?prepare_threshold=5`): what turning them off costs on a direct
+               connection
   store        diagnostic: the store's claim + mark_published alone, nothing published
   publisher    diagnostic: relay.Publisher alone, fed pre-built messages, no database
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -30,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+from sqlalchemy.engine import make_url
 
 from benchmarks.ceiling import CeilingResult, measure_ceiling
 from benchmarks.drain import (
@@ -51,7 +57,17 @@ from benchmarks.fixtures import (
 )
 from relay.ports import Outgoing
 
-PHASES = ("ceiling", "in-process", "subprocess", "one-at-a-time", "store", "publisher")
+PHASES = (
+    "ceiling",
+    "in-process",
+    "subprocess",
+    "one-at-a-time",
+    "prepared",
+    "store",
+    "publisher",
+)
+# psycopg's own default: a statement is prepared on the server at its fifth run.
+PREPARED_ON = "5"
 ONE_AT_A_TIME = 20_000  # messages the slow comparison drains (its rate is what counts)
 DEFAULT_DB = os.environ.get("BENCH_DB_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 DEFAULT_AMQP = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -99,6 +115,7 @@ class Row:
     rates: list[float] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)  # one per run, beside rates
     others: list[float] = field(default_factory=list)  # cores used by other processes, per run
+    work_us: list[float] = field(default_factory=list)  # relay + PostgreSQL CPU us/msg, per run
     diagnostic: bool = False
     error: str | None = None
 
@@ -177,7 +194,7 @@ def _run(
     payloads = [encode(make_payload(i, args.payload_bytes)) for i in range(n)]
     now = time.time()
 
-    if {"in-process", "subprocess", "one-at-a-time", "store"} & set(phases):
+    if {"in-process", "subprocess", "one-at-a-time", "prepared", "store"} & set(phases):
         db.create()
         _say(f"loading {n} messages through outbox.enqueue ...")
         seconds = db.load(n, args.payload_bytes, broker.exchange)
@@ -204,6 +221,8 @@ FIGURES = {
     "in-process": "relay drain, in-process",
     "subprocess": "relay drain, subprocess `outbox-relay run`",
     "one-at-a-time": "one confirm at a time (the usual outbox)",
+    "prepared": "relay drain, in-process, no prepared statements",
+    "prepared-on": "relay drain, in-process, prepared statements",
     "store": "diagnostic: store only, claim+mark, no broker",
     "publisher": "diagnostic: relay.Publisher only, no DB",
 }
@@ -282,6 +301,17 @@ def _phase(
         if arrived != limit:
             raise RuntimeError(f"{phase}: {arrived} messages in the queue, expected {limit}")
         _add_drain(results, phase, r)
+    elif phase == "prepared":
+        # Off, then on, each from the same restored backlog; with --repeat, medians of each.
+        on_url = make_url(db.url).update_query_dict({"prepare_threshold": PREPARED_ON})
+        for key, url in (("prepared", db.url), ("prepared-on", on_url.render_as_string(False))):
+            db.restore()
+            _quiesce()
+            _say(f"{FIGURES[key]}{tag} ...")
+            drain = functools.partial(
+                drain_in_process, db, args.amqp, timeout=args.timeout, db_url=url
+            )
+            _add_drain(results, key, purge_after(drain))
     elif phase == "store":
         db.restore()
         _quiesce()
@@ -323,6 +353,9 @@ def _add_drain(results: dict[str, Row], key: str, r: DrainResult) -> None:
     if r.cpu is not None:
         parts.append(r.cpu.describe(r.messages))
         row.others.append(r.cpu.cores("other"))
+        if r.messages:
+            work = r.cpu.used.get("relay", 0.0) + r.cpu.used.get("postgres", 0.0)
+            row.work_us.append(work / r.messages * 1e6)
     extra = "; ".join(parts)
     row.extras.append(extra)
     _say(f"  {_fmt_rate(r.rate)} ({extra})")
@@ -413,6 +446,18 @@ def _report(
             "warning: other processes kept cores busy during "
             + ", ".join(noisy)
             + ": those figures are low; rerun on an idle machine"
+        )
+    off, on = results.get("prepared"), results.get("prepared-on")
+    if off and on and off.rates and on.rates:
+        # CPU per message is the steadier figure on a shared machine: others' load lowers
+        # rates, not the work each message costs.
+        cpu = ""
+        if off.work_us and on.work_us:
+            a, b = statistics.median(off.work_us), statistics.median(on.work_us)
+            cpu = f"; relay + PostgreSQL CPU per message {a:.0f} us / {b:.0f} us = {a / b:.2f}x"
+        out.append(
+            f"no prepared statements / prepared statements: rate {off.rate / on.rate:.2f}x{cpu} "
+            f"(median of {len(off.rates)} run(s) each)"
         )
     relay = results.get("in-process") or results.get("subprocess")
     if base and relay and relay.rates:

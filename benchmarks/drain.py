@@ -83,10 +83,12 @@ def drain_in_process(
     *,
     timeout: float,
     profile_dir: Path | None = None,
+    db_url: str | None = None,
 ) -> DrainResult:
-    """Relay the backlog with the relay's own parts, wired as `relay.runtime.runner` does."""
+    """Relay the backlog with the relay's own parts, wired as `relay.runtime.runner` does
+    (through `db_url` when given: the same database, other connection options)."""
     expected = db.loaded
-    config = RelayConfig(db_url=db.url, amqp_url=amqp_url, relay_id="bench-in-process")
+    config = RelayConfig(db_url=db_url or db.url, amqp_url=amqp_url, relay_id="bench-in-process")
     store = open_store(config.db_url)
     publisher_cls = _ProfiledPublisher if profile_dir is not None else Publisher
     publisher = publisher_cls(

@@ -2,38 +2,54 @@
 is the dialect's (relay/store/postgres.py, LISTEN); a database without one is polled only.
 
 A latency optimisation only: polling goes on regardless, so nothing depends on a notification
-arriving (pgbouncer in transaction mode, for one, drops LISTEN). But wake-ups never stop without
-a word: every failure is logged (once per outage) and retried, whatever raised it.
+arriving. But wake-ups never stop without a word: every failure is logged (once per outage) and
+retried, whatever raised it.
+
+Through a pooler (PgBouncer), LISTEN may not be carried: in transaction mode it runs on a server
+connection that is then lent to other clients, and no notification reaches the relay. So behind
+a pooler (postgres.behind_pooler) the listener sends itself a notification from another
+connection; if none arrives it says so once (`listen.unavailable`) and stops, and the relay
+polls. A direct connection needs no probe: LISTEN is carried there.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+import uuid
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
 from relay.core.urls import secrets_of
 from relay.runtime.config import parse_db_url
 from relay.runtime.logs import one_line
-from relay.store.databases import DIALECTS
+from relay.store.databases import DIALECTS, driver_arguments
+from relay.store.postgres import NOTIFY_PROBE, behind_pooler
 
 log = logging.getLogger("relay.wakeup")
 
 MAX_RETRY_DELAY = 30.0
+# How long the probe's notification has to arrive through a pooler. On a pooler that carries
+# LISTEN it takes milliseconds; a slower one costs only latency (the relay polls).
+PROBE_WAIT = 2.0
 
 
 class Listener:
     def __init__(self, db_url: str, listen: str, on_notify: Callable[[], None]) -> None:
-        url = parse_db_url(db_url).set(drivername="postgresql")
+        url, driver_args = driver_arguments(parse_db_url(db_url))
         self._listen = listen
-        self._conninfo = url.render_as_string(hide_password=False)
+        self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        # prepare_threshold is psycopg's, not libpq's: it must not reach the conninfo.
+        self._connect_args: dict[str, Any] = {"prepare_threshold": None, **driver_args}
         self._secrets = secrets_of(db_url)
         self._on_notify = on_notify
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="listen", daemon=True)
         self.failures = 0  # consecutive failed attempts (0: listening, or not yet tried)
+        self.carried: bool | None = None  # whether LISTEN reaches this relay (None: not known)
 
     @property
     def alive(self) -> bool:
@@ -48,7 +64,7 @@ class Listener:
 
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and self.carried is not False:
                 try:
                     self._listen_until_stopped()
                 # Exception, not psycopg.Error: a callback that raises, or a failure outside
@@ -56,18 +72,51 @@ class Listener:
                 except Exception as exc:
                     self._failed(exc)
         finally:
-            if not self._stop.is_set():  # BaseException: say so, polling goes on
+            # BaseException: say so, polling goes on. (Not carried: said already.)
+            if not self._stop.is_set() and self.carried is not False:
                 log.error("listen.stopped", extra={"fallback": "polling"})
 
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            self._conninfo, autocommit=True, connect_timeout=5, **self._connect_args
+        )
+
     def _listen_until_stopped(self) -> None:
-        with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
+        with self._connect() as conn:
             conn.execute(self._listen)
+            carried = behind_pooler(conn) is None or self._probe(conn)
+            if self._stop.is_set():
+                return
+            if not carried:
+                self.carried = False
+                log.warning(
+                    "listen.unavailable",
+                    extra={
+                        "reason": "LISTEN is not carried through this pooler "
+                        "(transaction pooling)",
+                        "fallback": "polling",
+                    },
+                )
+                return
+            self.carried = True
             if self.failures:
                 log.info("listen.restored", extra={"after_failures": self.failures})
             self.failures = 0
             while not self._stop.is_set():
                 for _ in conn.notifies(timeout=0.5, stop_after=1):
                     self._on_notify()
+
+    def _probe(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether a notification sent from another connection reaches `conn` (listening)."""
+        with self._connect() as other:
+            other.execute(NOTIFY_PROBE, (f"probe {uuid.uuid4().hex}",))
+        # Any notification proves delivery, an application's as well as the probe's.
+        deadline = time.monotonic() + PROBE_WAIT
+        while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            for _ in conn.notifies(timeout=min(0.5, left), stop_after=1):
+                self._on_notify()
+                return True
+        return False
 
     def _failed(self, exc: Exception) -> None:
         self.failures += 1

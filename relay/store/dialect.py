@@ -234,6 +234,13 @@ class Dialect(ABC):
         seconds, None for none)."""
         return {}
 
+    @classmethod
+    def pooled(cls, dbapi_conn: Any) -> str | None:
+        """None when a new driver connection reaches the database directly. Through a pooler,
+        where a session setting would outlive the relay's use of the server connection: the
+        statement timeout the server applies by itself ("0": none)."""
+        return None
+
     @abstractmethod
     def bind_list(self, values: Iterable[Any]) -> Any:
         """A list as this database binds it."""

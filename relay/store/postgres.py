@@ -313,6 +313,27 @@ COUNT_ELIGIBLE = f"SELECT count(*) FROM outbox_message WHERE {_ELIGIBLE}"  # noq
 # idle relay LISTENs and claims at once instead of at its next poll.
 LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
 
+# A notification the listener sends itself, from another connection, to learn whether its LISTEN
+# is carried (a transaction pooler runs LISTEN on a server connection it then lends to others).
+# Any relay listening wakes once; one parameter: a text payload.
+NOTIFY_PROBE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %s)"
+
+# ------------------------------------------------------------------------ poolers
+
+# The server process running this connection's statements, and the statement timeout that
+# server connection has. A pooler (PgBouncer, ...) answers the client's startup itself with a
+# BackendKeyData of its own (cancel requests go to it), so the pid the client was given is not
+# the server's; on a direct connection the two are the same.
+BACKEND = "SELECT pg_backend_pid(), current_setting('statement_timeout')"
+
+
+def behind_pooler(dbapi_conn: Any) -> str | None:
+    """None for a direct psycopg connection; through a pooler, the server's statement timeout."""
+    with dbapi_conn.cursor() as cursor:
+        cursor.execute(BACKEND)
+        pid, timeout = cursor.fetchone()
+    return None if pid == dbapi_conn.info.backend_pid else str(timeout)
+
 
 class Postgres(Dialect):
     name = "postgresql"
@@ -362,8 +383,21 @@ class Postgres(Dialect):
             "pool_size": pool_size,
             "max_overflow": 2,
             "pool_timeout": pool_timeout,
-            "connect_args": {"connect_timeout": 5, "application_name": "outbox-relay"},
+            "connect_args": {
+                "connect_timeout": 5,
+                # A startup parameter, which PgBouncer restores on each server connection it
+                # lends the relay (a SET would stay on the server connection, for its next user).
+                "application_name": "outbox-relay",
+                # No server-side prepared statements: behind a transaction pooler they fail
+                # (DuplicatePreparedStatement, InvalidSqlStatementName) and crash the relay.
+                # A URL's ?prepare_threshold=N turns them back on (databases.driver_arguments).
+                "prepare_threshold": None,
+            },
         }
+
+    @classmethod
+    def pooled(cls, dbapi_conn: Any) -> str | None:
+        return behind_pooler(dbapi_conn)
 
     def bind_list(self, values: Iterable[Any]) -> list[Any]:
         return [v.hex if isinstance(v, uuid.UUID) else v for v in values]

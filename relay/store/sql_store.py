@@ -8,12 +8,13 @@ missing.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import URL, Connection, Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -29,9 +30,11 @@ from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError, Sche
 from relay.ports import Claimed, ResourceRow, RetentionFailed, StateCounts, T
 from relay.store import retention
 from relay.store.common import ALONE
-from relay.store.databases import DIALECTS, database_url, dialect_for
+from relay.store.databases import DIALECTS, database_url, dialect_for, driver_arguments
 
 ERROR_MAX = 2000  # characters of error text kept per attempt
+
+log = logging.getLogger("relay.store")
 
 
 def database_clock() -> dt.datetime | None:
@@ -431,11 +434,13 @@ def make_engine(
     """An engine configured for the relay (autocommit: every statement is its own transaction).
     `statement_timeout` (seconds; None: none) cancels a statement that runs longer, where the
     database can (PostgreSQL); `pool_timeout` bounds the wait for a pooled connection."""
-    url = database_url(db_url)
+    url, driver_args = driver_arguments(database_url(db_url))
     dialect = DIALECTS[url.get_backend_name()]
     options = dialect.engine_options(
         pool_size=pool_size, statement_timeout=statement_timeout, pool_timeout=pool_timeout
     )
+    if driver_args:
+        options["connect_args"] = {**options.get("connect_args", {}), **driver_args}
     if autocommit:
         options["isolation_level"] = "AUTOCOMMIT"
     # A row's undecodable JSON becomes a value the wire refuses, not an error failing the claim.
@@ -445,6 +450,15 @@ def make_engine(
         ms = str(max(1, round((statement_timeout or 0) * 1000)))
 
         def session_settings(dbapi_conn: Any, _record: Any) -> None:
+            server_timeout = dialect.pooled(dbapi_conn)
+            if server_timeout is not None:
+                # A session setting would stay on the server connection for whichever client
+                # the pooler lends it to next, and the relay's next transaction would run on
+                # another: none is made (the server's own settings, per role, still apply).
+                _say_pooled(url, server_timeout)
+                if not dbapi_conn.autocommit:
+                    dbapi_conn.rollback()  # an open transaction would pin a server connection
+                return
             cursor = dbapi_conn.cursor()
             for statement in dialect.on_connect:
                 cursor.execute(statement)
@@ -454,6 +468,22 @@ def make_engine(
 
         event.listen(engine, "connect", session_settings)
     return engine
+
+
+_said_pooled: set[str] = set()  # databases whose pooler was reported (once per process each)
+
+
+def _say_pooled(url: URL, server_timeout: str) -> None:
+    where = url.render_as_string(hide_password=True)
+    if where in _said_pooled:
+        return
+    _said_pooled.add(where)
+    fields = {"db": where, "session_settings": "none", "statement_timeout": server_timeout}
+    if server_timeout == "0":
+        hint = "no statement timeout: set one on the relay's role (ALTER ROLE ... SET)"
+        log.warning("database.pooled", extra={**fields, "hint": hint})
+    else:
+        log.info("database.pooled", extra=fields)
 
 
 @contextmanager
