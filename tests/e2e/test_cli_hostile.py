@@ -66,6 +66,8 @@ def _commands() -> dict[str, argparse.ArgumentParser]:
 
 
 COMMANDS = _commands()
+# Commands that talk to no service (`grants` prints SQL): given valid input they succeed.
+OFFLINE = frozenset({"grants"})
 
 
 def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -151,10 +153,14 @@ def test_no_bad_input_gets_a_traceback_or_a_secret(
             m.setenv(name, text)
         code = main(argv)
     out, err = capsys.readouterr()
+    if argv[0] in OFFLINE and code == 0:  # prints the names it was given, and nothing else
+        assert "Traceback" not in out + err, (argv, env)
+        assert SECRET not in out + err or any(SECRET in a for a in argv), (argv, env)
+        return
     _check(code, out, err, (argv, env))
 
 
-@pytest.mark.parametrize("words", sorted(COMMANDS))
+@pytest.mark.parametrize("words", sorted(set(COMMANDS) - OFFLINE))
 def test_every_command_fails_in_one_line_when_nothing_answers(
     words: str, quiet_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
