@@ -1,4 +1,5 @@
-"""The operator's queries: list, show, replay, discard, cancel, per-exchange status.
+"""The operator's queries: list, page, show, failure groups, replay, discard, cancel, reschedule,
+prioritize, per-exchange status, and the console's activity per minute.
 
 Written with SQLAlchemy Core on the `outbox.schema` tables, so one definition serves every
 database (the one raw statement, the unpark sweep, is the dialect's); values are always bound.
@@ -17,11 +18,15 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Engine,
+    Uuid,
     and_,
+    bindparam,
     case,
     func,
     insert,
+    literal_column,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import DBAPIError
@@ -31,7 +36,10 @@ from outbox.schema import attempt, message
 from outbox.states import State
 from relay.core.retention import FAILED_STATES
 from relay.errors import MigrationDenied
+from relay.store import postgres, sqlite
 from relay.store.databases import dialect_for
+from relay.store.dialect import TIME
+from relay.store.retention import cutoff_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,8 @@ class MessageFilter:
     failed_since: dt.datetime | None = None
     failed_until: dt.datetime | None = None
     error_contains: str | None = None
+    # A failure group (failure_groups): the first GROUP_CHARS characters of the last error.
+    error_group: str | None = None
     ids: Sequence[uuid.UUID] = field(default_factory=tuple)
 
     def where(self) -> list[ColumnElement[bool]]:
@@ -70,7 +80,20 @@ class MessageFilter:
             clauses.append(m.last_failed_at < self.failed_until)
         if self.error_contains:
             clauses.append(m.last_error.contains(self.error_contains, autoescape=True))
+        if self.error_group is not None:
+            clauses.append(_error_group() == self.error_group)
         return clauses
+
+
+# How much of an error names its group: enough to tell causes apart, short enough that messages
+# differing only in a long tail (an id, a payload excerpt) still group together.
+GROUP_CHARS = 200
+
+
+def _error_group() -> ColumnElement[str]:
+    # Literal bounds, not bound values: PostgreSQL matches a GROUP BY expression to the selected
+    # one by its text, and two sets of bound parameters would make them different expressions.
+    return func.substr(message.c.last_error, literal_column("1"), literal_column(str(GROUP_CHARS)))
 
 
 _SUMMARY_COLUMNS = (
@@ -177,7 +200,93 @@ def count_messages(engine: Engine, flt: MessageFilter) -> int:
         return int(conn.execute(stmt).scalar_one())
 
 
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of messages, newest first, and the cursors of its neighbours (None: none)."""
+
+    rows: list[dict[str, Any]]
+    older: int | None  # pass as `before` for the next older page
+    newer: int | None  # pass as `after` for the next newer page
+
+
+def page_messages(
+    engine: Engine,
+    flt: MessageFilter,
+    limit: int,
+    *,
+    before: int | None = None,
+    after: int | None = None,
+) -> Page:
+    """A page of `flt`'s matches, newest first, by keyset on seq (never OFFSET): each page reads
+    from its cursor along the primary key, so the thousandth page costs what the first does.
+    `before` gives the page older than that seq, `after` the one newer; one more row than
+    `limit` is read to know whether the page has a neighbour that way."""
+    m = message.c
+    stmt = select(m.seq, *_SUMMARY_COLUMNS).where(*flt.where()).limit(limit + 1)
+    if after is not None:
+        stmt = stmt.where(m.seq > after).order_by(m.seq)
+    else:
+        if before is not None:
+            stmt = stmt.where(m.seq < before)
+        stmt = stmt.order_by(m.seq.desc())
+    with engine.connect() as conn:
+        found = [_row(r) for r in conn.execute(stmt).mappings()]
+    more = len(found) > limit
+    rows = found[:limit]
+    if after is not None:
+        rows.reverse()
+    if not rows:
+        return Page([], None, None)
+    older = rows[-1]["seq"] if (more if after is None else True) else None
+    newer = rows[0]["seq"] if (more if after is not None else before is not None) else None
+    return Page(rows, older, newer)
+
+
+def failure_groups(engine: Engine, flt: MessageFilter, limit: int) -> list[dict[str, Any]]:
+    """`flt`'s messages grouped by exchange and the start of their last error, the largest
+    groups first: one cause, one line, however many messages it failed. Each group's
+    `error` is the MessageFilter.error_group that selects it."""
+    m = message.c
+    group = _error_group().label("error")
+    count = func.count().label("count")
+    stmt = (
+        select(m.exchange, group, count,
+               func.min(m.last_failed_at).label("first_failed_at"),
+               func.max(m.last_failed_at).label("last_failed_at"))
+        .where(*flt.where())
+        .group_by(m.exchange, group)
+        .order_by(count.desc(), m.exchange)
+        .limit(limit)
+    )  # fmt: skip
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(stmt).mappings()]
+    for row in rows:
+        for name in ("first_failed_at", "last_failed_at"):
+            row[name] = _utc(_time(row[name]))
+    return rows
+
+
+def states_of(engine: Engine, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Each of `ids` that exists, with its state."""
+    if not ids:
+        return {}
+    stmt = select(message.c.id, message.c.state).where(message.c.id.in_(list(ids)))
+    with engine.connect() as conn:
+        return {uuid.UUID(str(i)): str(s) for i, s in conn.execute(stmt)}
+
+
+def _time(value: Any) -> Any:
+    # SQLite hands back min()/max() of a time column as the stored text.
+    return dt.datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
 REPLAYABLE = FAILED_STATES
+# What reschedule, prioritize and cancel may change: a row no relay holds. A claim takes the
+# row's lock (PostgreSQL) or the write lock (SQLite) until it commits, after which the row is
+# in_flight and these UPDATEs match nothing.
+UNCLAIMED = (State.PENDING.value,)
+# The priorities a row can hold (an INTEGER column, as enqueue checks).
+PRIORITIES = range(-(2**31), 2**31)
 
 
 def replay(
@@ -198,6 +307,7 @@ def replay(
         outcome="replayed",
         now=now,
         by=by,
+        next_at=now,
     )
 
 
@@ -246,6 +356,44 @@ def cancel(
     return {i: ("cancelled" if i in changed else states.get(i, "not found")) for i in ids}
 
 
+def reschedule(
+    engine: Engine, ids: Sequence[uuid.UUID], *, at: dt.datetime, now: dt.datetime, by: str
+) -> list[uuid.UUID]:
+    """Pending messages due at `at` instead (earlier or later); returns the ids that changed.
+    Race-safe as `cancel` is: a message a relay has claimed is not changed."""
+    at = at.astimezone(dt.UTC)  # SQLite keeps the digits of a time, not its offset
+    return _transition(
+        engine,
+        ids,
+        from_states=UNCLAIMED,
+        values={"available_at": at},
+        outcome="rescheduled",
+        now=now,
+        by=by,
+        next_at=at,
+        detail=f"due at {at.isoformat()}",
+    )
+
+
+def prioritize(
+    engine: Engine, ids: Sequence[uuid.UUID], *, priority: int, now: dt.datetime, by: str
+) -> list[uuid.UUID]:
+    """Pending messages claimed at `priority` from now on; returns the ids that changed.
+    Race-safe as `cancel` is."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority {priority} is out of range")
+    return _transition(
+        engine,
+        ids,
+        from_states=UNCLAIMED,
+        values={"priority": priority},
+        outcome="prioritized",
+        now=now,
+        by=by,
+        detail=f"priority {priority}",
+    )
+
+
 def _transition(
     engine: Engine,
     ids: Sequence[uuid.UUID],
@@ -255,7 +403,11 @@ def _transition(
     outcome: str,
     now: dt.datetime,
     by: str,
+    next_at: dt.datetime | None = None,
+    detail: str | None = None,
 ) -> list[uuid.UUID]:
+    """The UPDATE, guarded by `from_states`, and an attempt record naming `by` (who) for each
+    row it changed, in one transaction."""
     if not ids:
         return []
     stmt = (
@@ -284,8 +436,8 @@ def _transition(
                         "relay_id": by,
                         "failure_class": "operator",
                         "outcome": outcome,
-                        "error": None,
-                        "next_attempt_at": now if outcome == "replayed" else None,
+                        "error": detail,
+                        "next_attempt_at": next_at,
                     }
                     for i, attempts in changed
                 ],
@@ -315,6 +467,47 @@ def per_exchange(engine: Engine, now: dt.datetime) -> list[dict[str, Any]]:
             )
             out.append(entry)
     return out
+
+
+# The per-minute statements of each database (its dialect module), bound as typed here.
+_PER_MINUTE = {
+    postgres.Postgres.name: (postgres.PUBLISHED_PER_MINUTE, postgres.FAILED_PER_MINUTE),
+    sqlite.Sqlite.name: (sqlite.PUBLISHED_PER_MINUTE, sqlite.FAILED_PER_MINUTE),
+}
+
+
+def activity(
+    engine: Engine, *, since: dt.datetime, enqueued_since: dt.datetime
+) -> dict[dt.datetime, dict[str, int]]:
+    """What happened each minute since `since` (UTC minutes): `published`, counted among the
+    messages enqueued since `enqueued_since` (the bound that keeps the scan to recent rows), and
+    the relays' failed attempts by outcome (`retry`, `deferred`, `dead`). Minutes with nothing
+    are absent."""
+    texts = _PER_MINUTE.get(engine.dialect.name)
+    if texts is None:
+        return {}
+    published_sql, failed_sql = texts
+    binds = (bindparam("since", type_=TIME), bindparam("id_floor", type_=Uuid()))
+    published = text(published_sql).bindparams(*binds)
+    failed = text(failed_sql).bindparams(binds[0])
+    since = since.astimezone(dt.UTC)
+    floor = cutoff_id(enqueued_since)
+    out: dict[dt.datetime, dict[str, int]] = {}
+    with engine.connect() as conn:
+        for minute, n in conn.execute(published, {"since": since, "id_floor": floor}):
+            out.setdefault(_minute(minute), {})["published"] = int(n)
+        for minute, outcome, n in conn.execute(failed, {"since": since}):
+            counts = out.setdefault(_minute(minute), {})
+            counts[str(outcome)] = counts.get(str(outcome), 0) + int(n)
+    return out
+
+
+def _minute(value: Any) -> dt.datetime:
+    if isinstance(value, str):  # SQLite: 'YYYY-MM-DD HH:MM', UTC
+        return dt.datetime.strptime(value, "%Y-%m-%d %H:%M").replace(tzinfo=dt.UTC)
+    assert isinstance(value, dt.datetime)
+    moment: dt.datetime = _utc(value)
+    return moment.astimezone(dt.UTC)
 
 
 # SQLSTATEs of a role that may not do what a migration asks (never told apart by message text).

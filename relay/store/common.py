@@ -106,6 +106,28 @@ COUNT_BY_STATE = "SELECT state, count(*) FROM outbox_message GROUP BY state"
 
 PING = "SELECT 1"
 
+# ------------------------------------------------------------------------ the console's charts
+
+# Messages published per minute since :since. published_at has no index; the id range bounds the
+# scan instead: ids are UUIDv7, time-ordered, and :id_floor is the first id of a moment, so only
+# the messages enqueued since then are read, however many the table holds. {minute} truncates a
+# time to its minute, as each database can.
+PUBLISHED_PER_MINUTE = """
+SELECT {minute} AS minute, count(*) AS n
+FROM outbox_message
+WHERE id >= :id_floor AND state = 'published' AND published_at >= :since
+GROUP BY {minute}
+"""
+
+# The relays' failed attempts per minute and outcome (retry, deferred, dead), through the index
+# on outbox_attempt.at; operators' records (failure_class 'operator') are not failures.
+FAILED_PER_MINUTE = """
+SELECT {minute} AS minute, outcome, count(*) AS n
+FROM outbox_attempt
+WHERE at >= :since AND failure_class <> 'operator'
+GROUP BY {minute}, outcome
+"""
+
 # ------------------------------------------------------------------------ retention
 
 # The rows a purge may delete. The id range comes first: it is the index range scanned (see

@@ -265,6 +265,14 @@ FROM outbox_message
 WHERE state = 'pending'
 """
 
+# ------------------------------------------------------------------------ the console's charts
+
+# See common.py. date_trunc keeps the time zone: each row is one minute's instant.
+PUBLISHED_PER_MINUTE = common.PUBLISHED_PER_MINUTE.format(
+    minute="date_trunc('minute', published_at)"
+)
+FAILED_PER_MINUTE = common.FAILED_PER_MINUTE.format(minute="date_trunc('minute', at)")
+
 # ------------------------------------------------------------------------ retention
 
 # See relay/store/retention.py. greatest() ignores NULLs (a message that never failed, or was

@@ -207,6 +207,13 @@ FROM outbox_message
 WHERE state = 'pending'
 """  # noqa: S608
 
+# ------------------------------------------------------------------------ the console's charts
+
+# See common.py. Times are text here, so a time's minute is its first 16 characters
+# ('YYYY-MM-DD HH:MM').
+PUBLISHED_PER_MINUTE = common.PUBLISHED_PER_MINUTE.format(minute="substr(published_at, 1, 16)")
+FAILED_PER_MINUTE = common.FAILED_PER_MINUTE.format(minute="substr(at, 1, 16)")
+
 # ------------------------------------------------------------------------ retention
 
 # The stored times are text in one format, so max() and < compare them as times; a
