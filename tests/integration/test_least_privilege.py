@@ -34,6 +34,7 @@ from outbox.schema import message
 from relay.cli.main import main
 from relay.core.circuit import CircuitSettings
 from relay.core.retention import RetentionPolicy
+from relay.ports import RetentionFailed
 from relay.store.retention import cutoff_id
 from tests.conftest import PG_ADMIN_URL, Broker, RelayFactory, pg_schema, states, wait_until
 
@@ -275,6 +276,11 @@ def test_the_relay_publishes_keeps_circuits_and_purges_without_ddl(
         later = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
         assert relay.store.purge_expired(RetentionPolicy(published_after=60.0), later) == len(ids)
         wait_until(lambda: states(owner) == {"pending": 1}, what="only the unsent message left")
+        # Denied DELETE, retention fails on its own (the loop logs it and goes on publishing).
+        with owner.begin() as conn:
+            conn.exec_driver_sql(f'REVOKE DELETE ON outbox_message FROM "{granted.names["relay"]}"')
+        with pytest.raises(RetentionFailed, match="permission denied for table outbox_message"):
+            relay.store.purge_expired(RetentionPolicy(published_after=60.0), later)
 
         # The relay neither invents messages nor changes the schema.
         denied(
