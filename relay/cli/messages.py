@@ -1,4 +1,5 @@
-"""Operator commands: messages, show, replay, discard, cancel (and per-exchange status).
+"""Operator commands: messages, show, replay, discard, cancel, reschedule, prioritize (and
+per-exchange status).
 
 Each prints a readable table, or JSON with --json; bad usage exits 2 with one line.
 """
@@ -7,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
+import getpass
 import json
+import socket
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +24,7 @@ from tqdm import tqdm
 
 from outbox.states import State
 from relay.cli.options import Commands, Handler, argparse_type
-from relay.core.durations import parse_moment
+from relay.core.durations import parse_duration, parse_moment
 from relay.errors import ConfigError
 from relay.runtime.config import RelayConfig, positive_int
 from relay.runtime.logs import printable
@@ -86,6 +90,38 @@ def add_parsers(sub: Commands) -> None:
     cancel.add_argument("ids", nargs="+", type=_uuid, metavar="ID")
     cancel.add_argument("--json", action="store_true")
 
+    reschedule = sub.add_parser(
+        "reschedule", help="pending messages due at another time, earlier or later"
+    )
+    reschedule.add_argument("ids", nargs="*", type=_uuid, metavar="ID")
+    when = reschedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at", metavar="TIME", help="an ISO timestamp (UTC unless it has an offset)")
+    when.add_argument("--in", dest="due_in", metavar="DURATION",
+                      help="this long from now: 0, 90s, 10m, 2h, 7d")  # fmt: skip
+    prioritize = sub.add_parser(
+        "prioritize", help="pending messages claimed at another priority (higher first)"
+    )
+    prioritize.add_argument("ids", nargs="*", type=_uuid, metavar="ID")
+    prioritize.add_argument("priority", type=argparse_type(_priority), metavar="N",
+                            help="the new priority (enqueue's default is 0)")  # fmt: skip
+    for p in (reschedule, prioritize):
+        _add_filters(p)
+        p.add_argument(
+            "--dry-run", action="store_true", help="say what would change, change nothing"
+        )
+        p.add_argument("--json", action="store_true")
+
+
+def _priority(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{raw!r} is not an integer priority") from None
+    if value not in admin.PRIORITIES:
+        low, high = admin.PRIORITIES[0], admin.PRIORITIES[-1]
+        raise ValueError(f"priority {raw} is out of range ({low} to {high})")
+    return value
+
 
 def _filter(args: argparse.Namespace, now: dt.datetime) -> admin.MessageFilter:
     def when(name: str) -> dt.datetime | None:
@@ -108,6 +144,15 @@ def _filter(args: argparse.Namespace, now: dt.datetime) -> admin.MessageFilter:
         failed_until=when("failed_until"),
         error_contains=args.error_contains,
     )
+
+
+def operator() -> str:
+    """Who runs this command, for the attempt record of each change it makes."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (a bare container)
+        user = "unknown"
+    return f"operator:{user}@{socket.gethostname()}"[:255]
 
 
 def operator_engine(config: RelayConfig) -> AbstractContextManager[Engine]:
@@ -251,7 +296,7 @@ def _bulk(
         raise ConfigError(f"{verb}: give message ids, or --state {default_states[0]} [filters]")
     now = utc_now()
     flt = admin.MessageFilter(ids=tuple(args.ids)) if args.ids else _filter(args, now)
-    past = {"replay": "replayed", "discard": "discarded"}[verb]
+    past = PAST[verb]
     with operator_engine(config) as engine:
         if args.dry_run:
             # What would change: the matches still in a state this command changes.
@@ -284,7 +329,7 @@ def _bulk(
         with tqdm(total=total, desc=verb, unit="msg", file=sys.stderr,
                   disable=not show or total <= BULK_CHUNK) as bar:  # fmt: skip
             for chunk in batches:
-                result = action(engine, list(chunk), now=now, by=f"operator:{verb}")
+                result = action(engine, list(chunk), now=now, by=operator())
                 seen, done = seen + len(chunk), done + len(result)
                 if changed is not None:
                     changed.add(result)
@@ -331,7 +376,7 @@ def cmd_cancel(config: RelayConfig, args: argparse.Namespace) -> int:
     with operator_engine(config) as engine:
         for i in range(0, len(ids), BULK_CHUNK):  # a bounded IN list per statement
             chunk = ids[i : i + BULK_CHUNK]
-            results.update(admin.cancel(engine, chunk, now=utc_now(), by="operator:cancel"))
+            results.update(admin.cancel(engine, chunk, now=utc_now(), by=operator()))
     if args.json:
         print(json.dumps({str(k): v for k, v in results.items()}))
     else:
@@ -345,6 +390,83 @@ def cmd_cancel(config: RelayConfig, args: argparse.Namespace) -> int:
     return 0 if all(s == "cancelled" for s in results.values()) else 1
 
 
+PAST = {
+    "replay": "replayed",
+    "discard": "discarded",
+    "reschedule": "rescheduled",
+    "prioritize": "prioritized",
+}
+
+
+def _due(args: argparse.Namespace, now: dt.datetime) -> dt.datetime:
+    """The time `reschedule --at` or `--in` names."""
+    if args.due_in is not None:
+        try:
+            return now + dt.timedelta(seconds=parse_duration(args.due_in))
+        except ValueError as exc:
+            raise ConfigError(f"--in: {exc}") from None
+    try:
+        parse_duration(args.at)
+    except ValueError:
+        pass
+    else:  # parse_moment would read a duration as that long *ago*
+        raise ConfigError(
+            f"--at: {args.at!r} is a duration: use --in {args.at} for a time from now"
+        )
+    try:
+        return parse_moment(args.at, now)
+    except ValueError as exc:
+        raise ConfigError(f"--at: {exc}") from None
+
+
+def cmd_reschedule(config: RelayConfig, args: argparse.Namespace) -> int:
+    at = _due(args, utc_now())
+    action = functools.partial(admin.reschedule, at=at)
+    return _pending_change(config, args, "reschedule", action, f"due at {_iso(at)} UTC")
+
+
+def cmd_prioritize(config: RelayConfig, args: argparse.Namespace) -> int:
+    action = functools.partial(admin.prioritize, priority=args.priority)
+    return _pending_change(config, args, "prioritize", action, f"priority {args.priority}")
+
+
+def _pending_change(
+    config: RelayConfig,
+    args: argparse.Namespace,
+    verb: str,
+    action: Callable[..., list[uuid.UUID]],
+    what: str,
+) -> int:
+    """reschedule and prioritize: a group (filters) or a dry run as `replay` does them; given
+    ids, a line for each, saying why a message did not change (exit 1 then), as `cancel` does."""
+    if args.dry_run or not args.ids:
+        return _bulk(config, args, verb, action, admin.UNCLAIMED)
+    ids: list[uuid.UUID] = list(dict.fromkeys(args.ids))
+    changed: set[uuid.UUID] = set()
+    with operator_engine(config) as engine:
+        for i in range(0, len(ids), BULK_CHUNK):
+            chunk = ids[i : i + BULK_CHUNK]
+            changed.update(action(engine, chunk, now=utc_now(), by=operator()))
+        states = admin.states_of(engine, [i for i in ids if i not in changed])
+    results = {i: PAST[verb] if i in changed else states.get(i, "not found") for i in ids}
+    if args.json:
+        print(json.dumps({str(k): v for k, v in results.items()}))
+    else:
+        for message_id, state in results.items():
+            print(f"{message_id}  {_said(state, PAST[verb], what)}")
+    return 0 if len(changed) == len(ids) else 1
+
+
+def _said(state: str, past: str, what: str) -> str:
+    if state == past:
+        return f"{past}: {what}"
+    if state == "not found":
+        return "not found"
+    if state in (State.IN_FLIGHT.value, State.PUBLISHED.value):
+        return f"too late: the message is {printable(state)}"
+    return f"not pending: the message is {printable(state)}"
+
+
 def per_exchange(config: RelayConfig) -> list[dict[str, Any]]:
     with operator_engine(config) as engine:
         return admin.per_exchange(engine, utc_now())
@@ -356,4 +478,6 @@ COMMANDS: dict[str, Handler] = {
     "replay": cmd_replay,
     "discard": cmd_discard,
     "cancel": cmd_cancel,
+    "reschedule": cmd_reschedule,
+    "prioritize": cmd_prioritize,
 }
