@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn
 
-from relay.cli import circuits, demo, grants, messages, retention, run, schema
+from relay.cli import circuits, console, demo, grants, messages, retention, run, schema
 from relay.cli.options import Handler, accept_global_options_after, add_global_options, configure
 from relay.core.urls import secrets_of
 from relay.errors import (
@@ -38,6 +38,7 @@ _COMMANDS: dict[str, Handler] = {
     **messages.COMMANDS,
     **retention.COMMANDS,
     **circuits.COMMANDS,
+    **console.COMMANDS,
     **grants.COMMANDS,
     **demo.COMMANDS,
 }
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     messages.add_parsers(sub)
     retention.add_parser(sub)
     circuits.add_parser(sub)
+    console.add_parser(sub)
     grants.add_parser(sub)
     demo.add_parsers(sub)
     accept_global_options_after(sub)

@@ -1,0 +1,135 @@
+"""Charts as inline SVG, drawn on the server: no script and no library in the browser.
+
+A chart is lines over time: x is the time window, y runs from zero to a round number above the
+largest value. Colours come from the stylesheet (each series has a class), so the markup carries
+only numbers and escaped labels.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from relay.console.html import Html, join, render
+
+WIDTH, HEIGHT = 720, 200
+LEFT, RIGHT, TOP, BOTTOM = 52, 12, 12, 26
+TICK = dt.timedelta(minutes=30)
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    name: str
+    css: str  # the stylesheet's class for its colour
+    points: Sequence[tuple[dt.datetime, float]]
+    total: str | None = None  # shown in the legend
+
+
+def nice_top(value: float) -> float:
+    """The smallest 1, 2 or 5 times a power of ten at or above `value` (1 for nothing)."""
+    if value <= 1:
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 5, 10):
+        if value <= step * power:
+            return float(step * power)
+    return float(10 * power)
+
+
+def corners(
+    points: Sequence[tuple[dt.datetime, float]],
+) -> list[tuple[dt.datetime, float]]:
+    """The points where the line bends: a run of equal values is drawn from its two ends, so
+    three quiet hours are two points, not 180."""
+    return [
+        p
+        for i, p in enumerate(points)
+        if i in (0, len(points) - 1) or not points[i - 1][1] == p[1] == points[i + 1][1]
+    ]
+
+
+def _label(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
+
+
+def line_chart(
+    title: str, series: Sequence[Series], start: dt.datetime, end: dt.datetime, empty: str
+) -> Html:
+    """`series` over [start, end]; `empty` is said instead when no series has a point."""
+    span = max((end - start).total_seconds(), 1.0)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    top = nice_top(max((v for s in series for _, v in s.points), default=0.0))
+
+    def x(t: dt.datetime) -> float:
+        return LEFT + plot_w * min(max((t - start).total_seconds() / span, 0.0), 1.0)
+
+    def y(v: float) -> float:
+        return TOP + plot_h * (1 - v / top)
+
+    grid = [
+        render(
+            '<line class="grid" x1="$x1" y1="$y" x2="$x2" y2="$y"/>'
+            '<text class="axis" x="$lx" y="$ty" text-anchor="end">$label</text>',
+            x1=LEFT,
+            x2=WIDTH - RIGHT,
+            y=f"{y(v):.1f}",
+            lx=LEFT - 6,
+            ty=f"{y(v) + 4:.1f}",
+            label=_label(v),
+        )
+        for v in (0.0, top / 2, top)
+    ]
+    ticks = []
+    tick = start.replace(minute=(start.minute // 30) * 30, second=0, microsecond=0) + TICK
+    while tick < end:
+        ticks.append(
+            render(
+                '<text class="axis" x="$x" y="$y" text-anchor="middle">$label</text>',
+                x=f"{x(tick):.1f}",
+                y=HEIGHT - 8,
+                label=tick.strftime("%H:%M"),
+            )
+        )
+        tick += TICK
+    lines = [
+        render(
+            '<polyline class="line $css" points="$points"><title>$name</title></polyline>',
+            css=s.css,
+            name=s.name,
+            points=" ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in corners(s.points)),
+        )
+        for s in series
+        if s.points
+    ]
+    if not lines:
+        lines.append(
+            render(
+                '<text class="empty" x="$x" y="$y" text-anchor="middle">$text</text>',
+                x=LEFT + plot_w / 2,
+                y=TOP + plot_h / 2,
+                text=empty,
+            )
+        )
+    legend = join(
+        render(
+            '<span class="key $css">$name$total</span>',
+            css=s.css,
+            name=s.name,
+            total="" if s.total is None else f" {s.total}",
+        )
+        for s in series
+    )
+    return render(
+        '<figure class="chart"><figcaption>$title <span class="legend">$legend</span>'
+        '</figcaption><svg viewBox="0 0 $w $h" role="img" aria-label="$title">$grid$ticks$lines'
+        "</svg></figure>",
+        title=title,
+        legend=legend,
+        w=WIDTH,
+        h=HEIGHT,
+        grid=join(grid),
+        ticks=join(ticks),
+        lines=join(lines),
+    )

@@ -1,0 +1,127 @@
+"""Query parameters to the store's MessageFilter (the filters of `outbox-relay messages`), and the
+parameters back into links. A bad or unknown parameter is a BadRequest naming it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from outbox.states import State
+from relay.core.durations import parse_moment
+from relay.store.admin import MessageFilter
+
+# Each as in `outbox-relay messages --routing-key ...`, with underscores.
+TEXT_FILTERS = ("exchange", "routing_key", "key", "error_contains", "error_group")
+TIME_FILTERS = ("created_since", "created_until", "failed_since", "failed_until")
+FILTERS = ("state", *TEXT_FILTERS, *TIME_FILTERS)
+PAGING = ("limit", "before", "after")
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+
+Params = Mapping[str, Sequence[str]]
+
+
+class BadRequest(ValueError):
+    """The request cannot be served as asked; the message says why (HTTP 400)."""
+
+
+def parse_query(query: str) -> dict[str, list[str]]:
+    """A query string's parameters; empty values (a form's blank fields) are left out."""
+    parsed = urllib.parse.parse_qs(query, keep_blank_values=True)
+    return {
+        k: [v for v in vs if v.strip()] for k, vs in parsed.items() if any(v.strip() for v in vs)
+    }
+
+
+def only(params: Params, allowed: Sequence[str]) -> None:
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise BadRequest(f"unknown parameter {unknown[0]!r} (known: {', '.join(allowed)})")
+
+
+def _one(params: Params, name: str) -> str | None:
+    values = params.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadRequest(f"{name} is given {len(values)} times")
+    return values[0]
+
+
+def states(raw: Sequence[str]) -> list[str]:
+    names = [s.strip() for v in raw for s in v.split(",") if s.strip()]
+    known = [s.value for s in State]
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise BadRequest(f"state: unknown state {bad[0]!r} (known: {', '.join(known)})")
+    return list(dict.fromkeys(names))
+
+
+def message_filter(params: Params, now: dt.datetime) -> MessageFilter:
+    """The filter `params` describe (other parameters are the caller's to check)."""
+
+    def when(name: str) -> dt.datetime | None:
+        raw = _one(params, name)
+        if raw is None:
+            return None
+        try:
+            return parse_moment(raw, now)
+        except ValueError as exc:
+            raise BadRequest(f"{name}: {exc}") from None
+
+    text = {name: _one(params, name) for name in TEXT_FILTERS}
+    return MessageFilter(
+        states=states(params.get("state", ())),
+        exchange=text["exchange"],
+        routing_key=text["routing_key"],
+        key=text["key"],
+        error_contains=text["error_contains"],
+        error_group=text["error_group"],
+        created_since=when("created_since"),
+        created_until=when("created_until"),
+        failed_since=when("failed_since"),
+        failed_until=when("failed_until"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Paging:
+    limit: int = DEFAULT_LIMIT
+    before: int | None = None
+    after: int | None = None
+
+
+def paging(params: Params) -> Paging:
+    def number(name: str, low: int, high: int) -> int | None:
+        raw = _one(params, name)
+        if raw is None:
+            return None
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 19) or not low <= int(raw) <= high:
+            raise BadRequest(f"{name}: {raw!r} is not a whole number from {low} to {high}")
+        return int(raw)
+
+    limit = number("limit", 1, MAX_LIMIT)
+    before, after = number("before", 0, 2**63 - 1), number("after", 0, 2**63 - 1)
+    if before is not None and after is not None:
+        raise BadRequest("give before or after, not both")
+    return Paging(DEFAULT_LIMIT if limit is None else limit, before, after)
+
+
+def filter_params(params: Params) -> dict[str, list[str]]:
+    """The filter parameters of `params`, as given (a relative time stays relative)."""
+    return {k: list(v) for k, v in params.items() if k in FILTERS}
+
+
+def link(path: str, params: Params, **extra: object) -> str:
+    """`path` with `params` and `extra` (None left out) as its query string."""
+    pairs = [(k, v) for k, vs in params.items() for v in vs]
+    pairs += [(k, str(v)) for k, v in extra.items() if v is not None]
+    return f"{path}?{urllib.parse.urlencode(pairs)}" if pairs else path
+
+
+def describe(params: Params) -> str:
+    """The filter as a person reads it: `state=dead, exchange=orders` (or `every message`)."""
+    parts = [f"{k}={','.join(v)}" for k, v in params.items() if k in FILTERS and v]
+    return ", ".join(parts) or "every message"
