@@ -13,8 +13,19 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import Connection, Engine, Index, Table, func, insert, inspect, select, text
-from sqlalchemy.schema import CreateColumn, DropIndex
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Index,
+    Table,
+    UniqueConstraint,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy.schema import AddConstraint, CreateColumn, DropIndex
 
 from outbox import schema
 from outbox.errors import OutboxError
@@ -145,12 +156,7 @@ def complete(conn: Connection, shape: Shape) -> None:
             for name in gap.names:
                 _add_column(conn, table, name)
         elif gap.kind is Kind.UNIQUE:
-            # The name PostgreSQL gives an unnamed UNIQUE constraint; an index, since SQLite
-            # cannot add a constraint to a table.
-            name = f"{gap.table}_{'_'.join(gap.names)}_key"
-            conn.exec_driver_sql(
-                f"CREATE UNIQUE INDEX {name} ON {gap.table} ({', '.join(gap.names)})"
-            )
+            _add_unique(conn, table, gap.names)
         elif gap.kind is Kind.INDEX:
             _index(table, gap.names[0]).create(conn)
         elif gap.kind is Kind.INDEX_DIFFERS:
@@ -162,6 +168,21 @@ def complete(conn: Connection, shape: Shape) -> None:
             conn.execute(DropIndex(retired, if_exists=True))
         elif gap.kind is Kind.STORAGE and conn.dialect.name == "postgresql":
             conn.exec_driver_sql(_alter_storage(gap.table, list(gap.names)))
+
+
+def _add_unique(conn: Connection, table: Table, columns: tuple[str, ...]) -> None:
+    if conn.dialect.name != "sqlite":
+        constraint = next(
+            c
+            for c in table.constraints
+            if isinstance(c, UniqueConstraint) and tuple(c.columns.keys()) == columns
+        )
+        conn.execute(AddConstraint(constraint))  # as CREATE TABLE makes it, and Alembic expects
+        return
+    # SQLite cannot add a constraint to a table; a unique index enforces the same. Its name is
+    # the one PostgreSQL gives an unnamed constraint.
+    name = f"{table.name}_{'_'.join(columns)}_key"
+    conn.exec_driver_sql(f"CREATE UNIQUE INDEX {name} ON {table.name} ({', '.join(columns)})")
 
 
 def _index(table: Table, name: str) -> Index:

@@ -100,31 +100,63 @@ def structural_gaps(conn: Connection) -> tuple[frozenset[str], list[Gap]]:
     gaps = [
         Gap(Kind.TABLE, table.name) for table in metadata.sorted_tables if table.name not in found
     ]
+    if not found:
+        return found, gaps
+    reflected = _Reflected.of(inspector, found)
     for table in metadata.sorted_tables:
         if table.name in found:
-            gaps.extend(_table_gaps(inspector, table, conn.dialect.name))
+            gaps.extend(_table_gaps(reflected, table, conn.dialect.name))
     for index in OBSOLETE_INDEXES:
         assert index.table is not None  # each is declared on its table
         table_name, name = index.table.name, str(index.name)
-        if table_name in found and name in _reflected_indexes(inspector, table_name):
+        if name in reflected.indexes.get(table_name, {}):
             gaps.append(Gap(Kind.OBSOLETE_INDEX, table_name, (name,)))
     return found, gaps
 
 
-def _table_gaps(inspector: Inspector, table: Table, dialect: str) -> list[Gap]:
+@dataclasses.dataclass(frozen=True)
+class _Reflected:
+    """What the database says about the outbox tables it has, by table name."""
+
+    columns: dict[str, set[str]]
+    indexes: dict[str, dict[str, Any]]  # table -> index name -> Inspector.get_indexes entry
+    uniques: dict[str, set[tuple[str, ...]]]  # column sets of unique constraints and indexes
+
+    @classmethod
+    def of(cls, inspector: Inspector, tables: frozenset[str]) -> _Reflected:
+        # The get_multi_* forms: one catalog query for all the tables, not one per table.
+        names = sorted(tables)
+        columns = inspector.get_multi_columns(filter_names=names)
+        indexes = inspector.get_multi_indexes(filter_names=names)
+        uniques = inspector.get_multi_unique_constraints(filter_names=names)
+        by_index = {t: {str(ix["name"]): ix for ix in found} for (_, t), found in indexes.items()}
+        unique_sets = {
+            t: {tuple(u["column_names"]) for u in found} for (_, t), found in uniques.items()
+        }
+        for table, found_indexes in by_index.items():  # a unique index serves as well
+            unique_sets.setdefault(table, set()).update(
+                tuple(map(str, ix["column_names"])) for ix in found_indexes.values() if ix["unique"]
+            )
+        return cls(
+            columns={t: {c["name"] for c in found} for (_, t), found in columns.items()},
+            indexes=by_index,
+            uniques=unique_sets,
+        )
+
+
+def _table_gaps(reflected: _Reflected, table: Table, dialect: str) -> list[Gap]:
     gaps: list[Gap] = []
-    present = {column["name"] for column in inspector.get_columns(table.name)}
+    present = reflected.columns.get(table.name, set())
     missing = tuple(column.name for column in table.columns if column.name not in present)
     if missing:
         gaps.append(Gap(Kind.COLUMNS, table.name, missing))
-    indexes = _reflected_indexes(inspector, table.name)
-    unique_sets = {tuple(u["column_names"]) for u in inspector.get_unique_constraints(table.name)}
-    unique_sets |= {tuple(ix["column_names"]) for ix in indexes.values() if ix["unique"]}
+    unique_sets = reflected.uniques.get(table.name, set())
     for constraint in table.constraints:
         if isinstance(constraint, UniqueConstraint):
             columns = tuple(column.name for column in constraint.columns)
             if columns not in unique_sets:
                 gaps.append(Gap(Kind.UNIQUE, table.name, columns))
+    indexes = reflected.indexes.get(table.name, {})
     for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
         found = indexes.get(str(index.name))
         if found is None:
@@ -134,10 +166,6 @@ def _table_gaps(inspector: Inspector, table: Table, dialect: str) -> list[Gap]:
         if detail:
             gaps.append(Gap(Kind.INDEX_DIFFERS, table.name, (str(index.name),), detail))
     return gaps
-
-
-def _reflected_indexes(inspector: Inspector, table: str) -> dict[str, Any]:
-    return {str(ix["name"]): ix for ix in inspector.get_indexes(table)}
 
 
 def index_difference(index: Index, found: Any, dialect: str) -> str:
