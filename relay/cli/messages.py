@@ -278,6 +278,14 @@ def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _has_filter(args: argparse.Namespace) -> bool:
+    return any(
+        getattr(args, n) is not None
+        for n in ("exchange", "routing_key", "key", "created_since", "created_until",
+                  "failed_since", "failed_until", "error_contains")
+    ) or bool(args.state)  # fmt: skip
+
+
 def _bulk(
     config: RelayConfig,
     args: argparse.Namespace,
@@ -285,12 +293,7 @@ def _bulk(
     action: Callable[..., list[uuid.UUID]],
     default_states: Sequence[str],
 ) -> int:
-    has_filter = any(
-        getattr(args, n) is not None
-        for n in ("exchange", "routing_key", "key", "created_since", "created_until",
-                  "failed_since", "failed_until", "error_contains")
-    ) or bool(args.state)  # fmt: skip
-    if args.ids and has_filter:
+    if args.ids and _has_filter(args):
         raise ConfigError(f"{verb}: give message ids or filters, not both")
     if not args.ids and not args.state:
         raise ConfigError(f"{verb}: give message ids, or --state {default_states[0]} [filters]")
@@ -439,7 +442,7 @@ def _pending_change(
 ) -> int:
     """reschedule and prioritize: a group (filters) or a dry run as `replay` does them; given
     ids, a line for each, saying why a message did not change (exit 1 then), as `cancel` does."""
-    if args.dry_run or not args.ids:
+    if args.dry_run or not args.ids or _has_filter(args):
         return _bulk(config, args, verb, action, admin.UNCLAIMED)
     ids: list[uuid.UUID] = list(dict.fromkeys(args.ids))
     changed: set[uuid.UUID] = set()
