@@ -18,14 +18,13 @@ from sqlalchemy import (
     Engine,
     Index,
     Table,
-    UniqueConstraint,
     func,
     insert,
     inspect,
     select,
     text,
 )
-from sqlalchemy.schema import AddConstraint, CreateColumn, DropIndex
+from sqlalchemy.schema import CreateColumn, DropIndex
 
 from outbox import schema
 from outbox.errors import OutboxError
@@ -171,18 +170,18 @@ def complete(conn: Connection, shape: Shape) -> None:
 
 
 def _add_unique(conn: Connection, table: Table, columns: tuple[str, ...]) -> None:
+    # Written out rather than AddConstraint(the metadata's constraint), which marks that shared
+    # object so that every later CREATE TABLE of the table would leave the constraint out.
+    quote = conn.dialect.identifier_preparer.quote
+    listed = ", ".join(quote(column) for column in columns)
     if conn.dialect.name != "sqlite":
-        constraint = next(
-            c
-            for c in table.constraints
-            if isinstance(c, UniqueConstraint) and tuple(c.columns.keys()) == columns
-        )
-        conn.execute(AddConstraint(constraint))  # as CREATE TABLE makes it, and Alembic expects
+        # Unnamed, as CREATE TABLE makes it (and Alembic expects): the database names it.
+        conn.exec_driver_sql(f"ALTER TABLE {quote(table.name)} ADD UNIQUE ({listed})")
         return
     # SQLite cannot add a constraint to a table; a unique index enforces the same. Its name is
     # the one PostgreSQL gives an unnamed constraint.
-    name = f"{table.name}_{'_'.join(columns)}_key"
-    conn.exec_driver_sql(f"CREATE UNIQUE INDEX {name} ON {table.name} ({', '.join(columns)})")
+    name = quote(f"{table.name}_{'_'.join(columns)}_key")
+    conn.exec_driver_sql(f"CREATE UNIQUE INDEX {name} ON {quote(table.name)} ({listed})")
 
 
 def _index(table: Table, name: str) -> Index:
