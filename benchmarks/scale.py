@@ -8,6 +8,8 @@
 - wakeup-cost: commits/s of 8 writers (each transaction: one business row, plus an outbox row),
   with NOTIFY off, rationed (the default) and on every commit, and the business row alone.
 - claim-flat: one claim of 500 with 1,000 ready rows, beside no published rows and beside 1M.
+- prepared-latency: commit-to-confirm at 100 msg/s without server-side prepared statements (the
+  relay's default, which PgBouncer's transaction mode needs) and with them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import pika
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
 
 import outbox
 from benchmarks.drain import relay_command
@@ -96,7 +99,9 @@ def _wait_published(engine: Engine, total: int, timeout: float) -> None:
     raise RuntimeError(f"timed out: {done}/{total} published")
 
 
-def latency(engine: Engine, url: str, rate: int, seconds: float, listen: bool) -> Row:
+def latency(
+    engine: Engine, url: str, rate: int, seconds: float, listen: bool, note: str = ""
+) -> Row:
     _reset(engine)
     relay = _relay(url, "--listen" if listen else "--no-listen")
     time.sleep(2.0)  # started and idle
@@ -121,12 +126,23 @@ def latency(engine: Engine, url: str, rate: int, seconds: float, listen: bool) -
                 " FROM outbox_message) AS x"
             )
         ).one()
-    how = "LISTEN + adaptive polling" if listen else "adaptive polling only"
+    how = ("LISTEN + adaptive polling" if listen else "adaptive polling only") + note
     return (
         f"commit-to-confirm at {rate:,} msg/s ({how})",
         f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
         "target p50 < 5, p99 < 25" if rate == 1000 and listen else "",
     )
+
+
+def prepared_latency(engine: Engine, url: str, seconds: float) -> list[Row]:
+    """Latency at 100 msg/s without server-side prepared statements (the relay's default, for
+    PgBouncer) and with them (psycopg's default): at one message per claim, each claim and mark
+    is planned again without them, which batches of hundreds hide."""
+    on = make_url(url).update_query_dict({"prepare_threshold": "5"})
+    return [
+        latency(engine, url, 100, seconds, True, ", no prepared statements"),
+        latency(engine, on.render_as_string(False), 100, seconds, True, ", prepared statements"),
+    ]
 
 
 def _load(engine: Engine, total: int) -> None:
@@ -292,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller, shorter phases")
     parser.add_argument(
         "--phases",
-        default="latency,relays,insert-cost,wakeup-cost,claim-flat",
+        default="latency,relays,insert-cost,wakeup-cost,claim-flat,prepared-latency",
         help="comma-separated",
     )
     args = parser.parse_args(argv)
@@ -317,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         ("insert-cost", lambda: rows.extend(insert_cost(engine, seconds))),
         ("wakeup-cost", lambda: rows.extend(wakeup_cost(engine, seconds))),
         ("claim-flat", lambda: rows.extend(claim_flat(engine, db.url, published))),
+        ("prepared-latency", lambda: rows.extend(prepared_latency(engine, db.url, seconds))),
     ]  # fmt: skip
     try:
         for name, step in steps:

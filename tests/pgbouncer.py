@@ -152,9 +152,12 @@ class PgBouncer:
         if proc is not None:
             pid = self._pid()
             with contextlib.suppress(ProcessLookupError):
+                # PgBouncer itself: runuser exits with it. Signalled, runuser would wait 2 s
+                # before killing its child.
                 if pid is not None:
                     os.kill(pid, signal.SIGTERM)
-                proc.terminate()
+                else:
+                    proc.terminate()
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
