@@ -92,8 +92,7 @@ class Listener:
                 log.warning(
                     "listen.unavailable",
                     extra={
-                        "reason": "LISTEN is not carried through this pooler "
-                        "(transaction pooling)",
+                        "reason": "LISTEN is not carried through this pooler (transaction pooling)",
                         "fallback": "polling",
                     },
                 )
