@@ -4,6 +4,8 @@ files are parsed, not run.)"""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,9 +13,16 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from relay.cli import main as cli
+from relay.core.circuit import CircuitState, Transition
+from relay.core.failures import Classified, FailureClass
+from relay.core.policy import Dead, Retry
+from relay.loop.observer import Observer
 from relay.runtime.health import PATHS
+from relay.runtime.telemetry import setup
+from tests.unit.fakes import EPOCH, FakeStore, make_claimed
 
 ROOT = Path(__file__).resolve().parents[2]
 # Standard OpenTelemetry SDK variables (read by the SDK, or by relay/runtime/telemetry.py).
@@ -187,3 +196,123 @@ def test_compose_postgres_matches_the_documented_url() -> None:
 def test_the_parser_rejects_what_a_typo_in_a_file_would_say(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         parses(argv)
+
+
+# --------------------------------------------------------------------------- alerts and dashboard
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_REFERENCE = re.compile(r"\b(outbox_[a-z0-9_]+)\b(\{[^}]*\})?")
+_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+
+
+def exported_metrics() -> dict[str, dict[str, set[str]]]:
+    """What the relay's /metrics serves: each sample name with its labels and their values.
+
+    Built as `run --http-port` builds it (relay.runtime.telemetry with a Prometheus reader, the
+    loop's Observer), each instrument recorded once through the Observer's own methods, and read
+    back in the Prometheus text format, so a renamed metric or unit shows up here."""
+    telemetry = setup(prometheus=True, env={})
+    try:
+        observer = Observer(None, telemetry.meter)
+        store = FakeStore()
+        store.add(make_claimed(1), make_claimed(2), make_claimed(3))
+        store.alive["r1"] = EPOCH
+        observer.watch(store, lambda: {"ex": CircuitState.OPEN})
+        observer.claimed(3)
+        rows = {seq: make_claimed(seq) for seq in (1, 2, 3)}
+        failure = Classified(FailureClass.UNROUTABLE, "NO_ROUTE")
+        decisions: list[Retry | Dead] = [Retry(2, EPOCH, True, failure), Dead(3, failure, "x")]
+        observer.settled(rows, {}, [1], decisions, EPOCH + dt.timedelta(seconds=1))
+        observer.circuit_changed(Transition("ex", CircuitState.CLOSED, CircuitState.OPEN, "5"))
+        assert telemetry.registry is not None
+        text = generate_latest(telemetry.registry).decode()
+    finally:
+        telemetry.shutdown()
+    metrics: dict[str, dict[str, set[str]]] = {}
+    for line in text.splitlines():
+        found = _SAMPLE.match(line)
+        if found is None or line.startswith("#"):
+            continue
+        labels = metrics.setdefault(found.group(1), {})
+        for name, value in _LABEL.findall(found.group(2) or ""):
+            labels.setdefault(name, set()).add(value)
+    return metrics
+
+
+def check_expression(expr: str, metrics: dict[str, dict[str, set[str]]]) -> set[str]:
+    """The outbox metrics `expr` names, each checked against what the relay exports: the
+    metric, every label it selects on (and the value, where the relay's values are fixed), and
+    every label it groups by."""
+    assert expr.count("(") == expr.count(")"), expr
+    assert expr.count("{") == expr.count("}"), expr
+    named = set()
+    for name, selector in _REFERENCE.findall(expr):
+        assert name in metrics, f"{name} is not a metric the relay exports ({expr})"
+        named.add(name)
+        for label, value in _LABEL.findall(selector):
+            assert label in metrics[name], f"{name} has no label {label} ({expr})"
+            assert value in metrics[name][label], f"{name}{{{label}}} is never {value!r}"
+    assert named, f"names no outbox metric: {expr}"
+    labels = set().union(*(metrics[n] for n in named)) | {"le"}
+    for group in _GROUPING.findall(expr):
+        for label in (g.strip() for g in group.split(",") if g.strip()):
+            assert label in labels, f"groups by {label}, which {sorted(named)} do not carry"
+    return named
+
+
+def test_every_metric_the_relay_defines_is_served() -> None:
+    names = set(exported_metrics())
+    assert {
+        "outbox_messages", "outbox_oldest_ready_age_seconds", "outbox_messages_published_total",
+        "outbox_messages_failed_total", "outbox_claim_batch_size_count", "outbox_circuit_state",
+        "outbox_circuit_transitions_total", "outbox_relays_alive",
+    } <= names  # fmt: skip
+    assert "outbox_publish_latency_milliseconds_bucket" in names
+
+
+def test_the_alerts_name_only_metrics_and_labels_the_relay_exports() -> None:
+    metrics = exported_metrics()
+    ((document,),) = [load("deploy/prometheus/alerts.yaml")]
+    (group,) = document["groups"]
+    rules = group["rules"]
+    assert len({r["alert"] for r in rules}) == len(rules)
+    named: set[str] = set()
+    for rule in rules:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+        assert rule["labels"]["severity"] in ("info", "warning", "critical")
+        assert rule["annotations"]["summary"]
+        assert re.fullmatch(r"\d+[smh]", rule.get("for", "0s")), rule["alert"]
+        named |= check_expression(rule["expr"], metrics)
+    # What the issue asks alerts for: a stuck backlog, dead messages growing, a circuit open
+    # for long, no relay alive.
+    assert {"outbox_oldest_ready_age_seconds", "outbox_messages_failed_total",
+            "outbox_circuit_state", "outbox_relays_alive"} <= named  # fmt: skip
+
+
+def test_the_dashboard_names_only_exported_metrics_and_lays_out_its_panels() -> None:
+    metrics = exported_metrics()
+    dashboard = json.loads((ROOT / "deploy/grafana/outbox-relay.json").read_text())
+    (variable,) = dashboard["templating"]["list"]
+    assert (variable["name"], variable["type"], variable["query"]) == (
+        "datasource", "datasource", "prometheus")  # fmt: skip
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    named: set[str] = set()
+    for panel in panels:
+        g = panel["gridPos"]
+        assert g["x"] >= 0, panel["title"]
+        assert g["x"] + g["w"] <= 24, panel["title"]
+        xs, ys = range(g["x"], g["x"] + g["w"]), range(g["y"], g["y"] + g["h"])
+        mine = {(x, y) for x in xs for y in ys}
+        assert not cells & mine, f"{panel['title']} overlaps another panel"
+        cells |= mine
+        assert panel["targets"], panel["title"]
+        for t in panel["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}"
+            named |= check_expression(t["expr"], metrics)
+    # Every metric the relay exports has a place on the dashboard.
+    families = {re.sub(r"_(bucket|count|sum)$", "", n) for n in metrics if n.startswith("outbox_")}
+    shown = {re.sub(r"_(bucket|count|sum)$", "", n) for n in named}
+    assert families <= shown, f"not on the dashboard: {sorted(families - shown)}"
