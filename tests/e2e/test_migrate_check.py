@@ -64,6 +64,12 @@ def cli_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int,
     return code, out, err
 
 
+@pytest.fixture(params=["postgresql", "sqlite"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """PostgreSQL, then SQLite: this file's databases (conftest's `db_url` may name more)."""
+    return str(request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url"))
+
+
 @pytest.fixture
 def engine(db_url: str) -> Iterator[Engine]:
     engine = make_app_engine(db_url)

@@ -106,6 +106,12 @@ class Project:
         (self.versions / first.rsplit("/", 1)[1]).write_text(code)
 
 
+@pytest.fixture(params=["postgresql", "sqlite"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """PostgreSQL, then SQLite: this file's databases (conftest's `db_url` may name more)."""
+    return str(request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url"))
+
+
 @pytest.fixture
 def project_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.syspath_prepend(str(tmp_path))
