@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from relay.console import api, assets, layout, pages
+from relay.console import api, assets, layout, overview, pages
 from relay.console.auth import (
     Caller,
     Credentials,
@@ -181,7 +181,7 @@ class Console:
         params = parse_query(req.query)
         if req.path == "/":
             snap = self.monitor.snapshot(wait=FIRST_SNAPSHOT_WAIT)
-            return _html(200, pages.overview(snap, self.monitor.error, viewer))
+            return _html(200, overview.render_page(snap, self.monitor.error, viewer))
         if req.path == "/messages":
             result = api.page_of(self.engine, params, now)
             groups = api.groups(self.engine, params, now)

@@ -79,7 +79,8 @@ dl.fields dt { color: var(--muted); }
 dl.fields dd { margin: 0; overflow-wrap: anywhere; }
 dialog { border: 1px solid var(--line); border-radius: 8px; max-width: 36em; }
 dialog menu { display: flex; gap: .6em; justify-content: end; padding: 0; }
-#result { margin: .5em 0; font-weight: 600; }
+#result { margin: .5em 1.2em 0; font-weight: 600; }
+#result:empty { display: none; }
 .login { max-width: 24em; display: flex; flex-direction: column; gap: .6em; }
 """
 

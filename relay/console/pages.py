@@ -1,5 +1,6 @@
-"""The console's pages: overview, messages, one message, login. Server-rendered through
-html.render (the one escaping place); the script only refreshes them and runs actions."""
+"""The console's pages: messages, one message, login (the overview is overview.py).
+Server-rendered through html.render (the one escaping place); the script only refreshes them and
+runs actions."""
 
 from __future__ import annotations
 
@@ -8,219 +9,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from outbox.states import State
 from relay.console import present
 from relay.console.actions import ACTIONS
-from relay.console.charts import Series, line_chart
 from relay.console.filters import Params, describe, link
 from relay.console.html import Html, join, render
-from relay.console.layout import Viewer, page
-from relay.console.monitor import WINDOW, Snapshot
-from relay.console.present import resource
+from relay.console.layout import Viewer, page, short, state, when
 from relay.store.admin import Page
 
-LIVE_OVERVIEW = 5  # seconds between refreshes of a live page
-LIVE_MESSAGE = 3
-STATES = [s.value for s in State]
-
-
-def when(value: Any) -> str:
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return "-" if value is None else str(value)
-
-
-def ago(value: dt.datetime, now: dt.datetime) -> str:
-    seconds = max(0.0, (now - value).total_seconds())
-    return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
-
-
-def state(name: str) -> Html:
-    return render('<span class="state state-$name">$name</span>', name=name)
-
-
-def _short(text: Any, width: int = 90) -> str:
-    s = "-" if text is None else " ".join(str(text).split())
-    return s if len(s) <= width else s[: width - 1] + "…"
-
-
-# --------------------------------------------------------------------------- overview
-
-
-def overview(snap: Snapshot | None, error: str | None, viewer: Viewer) -> Html:
-    if snap is None:
-        body = render(
-            '<h1>Overview</h1><p class="problem">$text</p>',
-            text=f"cannot read the outbox: {error}" if error else "reading the outbox…",
-        )
-        return page("Overview", body, viewer, live=LIVE_OVERVIEW)
-    c = snap.counts
-    by = c.by_state
-    cards = [
-        _card("ready", c.ready, "/messages?state=pending"),
-        _card("delayed", c.delayed, "/messages?state=pending"),
-        *(_card(s, by.get(s, 0), f"/messages?state={s}") for s in STATES),
-        _card(
-            "oldest ready",
-            "-" if c.oldest_ready_age_s is None else f"{c.oldest_ready_age_s:.1f} s",
-            "/messages?state=pending",
-        ),
-    ]
-    stale = render('<p class="problem">$e (showing older figures)</p>', e=error) if error else ""
-    body = render(
-        "<h1>Overview</h1>$stale"
-        '<p class="note">as of $at UTC (read in $took s; refreshed every few seconds)</p>'
-        '<div class="cards">$cards</div>'
-        "<h2>Relays alive</h2>$relays<h2>Activity</h2>$charts"
-        "<h2>Circuits and rate limits</h2>$circuits<h2>Exchanges</h2>$exchanges",
-        stale=stale,
-        at=when(snap.taken_at),
-        took=f"{snap.took_s:.2f}",
-        cards=join(cards),
-        relays=_relays(snap),
-        charts=_charts(snap),
-        circuits=_circuits(snap, viewer),
-        exchanges=_exchanges(snap.exchanges),
-    )
-    return page("Overview", body, viewer, live=LIVE_OVERVIEW)
-
-
-def _card(label: str, value: object, href: str) -> Html:
-    return render(
-        '<a class="card" href="$href"><div class="n">$value</div>'
-        '<div class="label">$label</div></a>',
-        href=href,
-        value=value,
-        label=label,
-    )
-
-
-def _relays(snap: Snapshot) -> Html:
-    if not snap.relays:
-        return render(
-            '<p class="problem">No relay has sent a heartbeat in the last 30 s: nothing is being '
-            "published.</p>"
-        )
-    rows = [
-        render(
-            "<tr><td>$id</td><td>$started</td><td>$seen</td></tr>",
-            id=relay_id,
-            started=when(started),
-            seen=ago(seen, snap.taken_at),
-        )
-        for relay_id, started, seen in snap.relays
-    ]
-    return render(
-        "<table><tr><th>relay</th><th>started</th><th>last heartbeat</th></tr>$rows</table>",
-        rows=join(rows),
-    )
-
-
-def _charts(snap: Snapshot) -> Html:
-    end = snap.taken_at
-    start = end - WINDOW
-    minutes = snap.minutes
-
-    def series(name: str, css: str, values: Sequence[tuple[dt.datetime, float]]) -> Series:
-        return Series(name, css, values, f"{sum(v for _, v in values):,.0f}")
-
-    activity = line_chart(
-        "Per minute, last 3 hours (UTC)",
-        [
-            series("published", "s-published", [(m.start, m.published) for m in minutes]),
-            series("failed", "s-failed", [(m.start, m.failed) for m in minutes]),
-            series("dead", "s-dead", [(m.start, m.dead) for m in minutes]),
-        ],
-        start,
-        end,
-        "nothing happened",
-    )
-    samples = snap.backlog if len(snap.backlog) > 1 else []
-    backlog = line_chart(
-        f"Backlog since {when(max(snap.since, start))} UTC",
-        [
-            Series("ready", "s-ready", [(s.at, s.ready) for s in samples]),
-            Series("pending", "s-pending", [(s.at, s.pending) for s in samples]),
-            Series("in flight", "s-in_flight", [(s.at, s.in_flight) for s in samples]),
-        ],
-        start,
-        end,
-        "sampling: one point per refresh while this page is open",
-    )
-    return render(
-        '<div class="charts">$activity$backlog</div><p class="note">Published counts messages '
-        "enqueued up to an hour before; the relay's own counter "
-        "(outbox_messages_published_total) counts every one.</p>",
-        activity=activity,
-        backlog=backlog,
-    )
-
-
-def _circuits(snap: Snapshot, viewer: Viewer) -> Html:
-    if not snap.resources:
-        return render('<p class="note">No destination has failed or is rate limited.</p>')
-    rows = []
-    for r in snap.resources:
-        d = resource(r, snap.taken_at)
-        reset: Html = render("")
-        if viewer.can_act and d["state"] != "closed":
-            reset = render(
-                '<form data-url="/api/circuits/reset"><input type="hidden" name="resource" '
-                'value="$name"><button class="danger">Reset</button></form>',
-                name=d["resource"],
-            )
-        rows.append(
-            render(
-                '<tr><td>$name</td><td>$state</td><td class="num">$failures</td>'
-                '<td>$until</td><td class="num">$tokens</td><td class="error">$error</td>'
-                "<td>$reset</td></tr>",
-                name=d["resource"],
-                state=state(d["state"]),
-                failures=d["failures"],
-                until="-" if d["opens_in_s"] is None else f"half-open in {d['opens_in_s']:.0f} s",
-                tokens="-" if d["rate_tokens"] is None else d["rate_tokens"],
-                error=_short(d["last_error"]),
-                reset=reset,
-            )
-        )
-    return render(
-        '<table><tr><th>resource</th><th>circuit</th><th class="num">failures</th>'
-        '<th>open</th><th class="num">rate tokens</th><th>last error</th><th></th></tr>'
-        "$rows</table>",
-        rows=join(rows),
-    )
-
-
-def _exchanges(exchanges: Sequence[Mapping[str, Any]]) -> Html:
-    if not exchanges:
-        return render('<p class="note">The outbox is empty.</p>')
-    head = join(render('<th class="num">$s</th>', s=s) for s in STATES)
-    rows = []
-    for e in exchanges:
-        name = e["exchange"]
-        cells = join(
-            render(
-                '<td class="num"><a href="$href">$n</a></td>',
-                href=link("/messages", {"exchange": [name], "state": [s]}),
-                n=e[s],
-            )
-            for s in STATES
-        )
-        age = e["oldest_ready_age_s"]
-        rows.append(
-            render(
-                '<tr><td><a href="$href">$name</a></td>$cells<td class="num">$age</td></tr>',
-                href=link("/messages", {"exchange": [name]}),
-                name=name or "(default)",
-                cells=cells,
-                age="-" if age is None else f"{age:.1f} s",
-            )
-        )
-    return render(
-        '<table><tr><th>exchange</th>$head<th class="num">oldest ready</th></tr>$rows</table>',
-        head=head,
-        rows=join(rows),
-    )
+LIVE_MESSAGE = 2  # seconds between refreshes of a message's page (watching it go out)
 
 
 # --------------------------------------------------------------------------- messages
@@ -248,7 +44,7 @@ def messages(
             priority=r["priority"],
             created=when(r["created_at"]),
             due=when(r["available_at"]),
-            error=_short(r["last_error"]),
+            error=short(r["last_error"]),
         )
         for r in result.rows
     ]
@@ -395,7 +191,7 @@ def _groups(params: Params, groups: Sequence[Mapping[str, Any]] | None, viewer: 
                 '<a href="$href">$count</a></td><td>$first</td><td>$last</td>'
                 '<td><div class="actions">$acts</div></td></tr>',
                 exchange=g["exchange"],
-                error=_short(g["error"], 200),
+                error=short(g["error"], 200),
                 count=g["count"],
                 href=link("/messages", group_params),
                 first=when(g["first_failed_at"]),

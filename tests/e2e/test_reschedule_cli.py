@@ -75,15 +75,27 @@ def run(db_url: str, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[in
 # --------------------------------------------------------------------------- one or several
 
 
+def test_reschedule_as_an_operator_runs_it(
+    sqlite_url: str, lite_engine: Engine, tmp_path: Path
+) -> None:
+    """The installed command, as a subprocess (the other tests call it in process)."""
+    (message_id,) = enqueue(lite_engine, 1)
+    before = dt.datetime.now(dt.UTC)
+    moved = cli("--db", sqlite_url, "reschedule", str(message_id), "--in", "10m", cwd=tmp_path)
+    assert moved.returncode == 0, moved.stderr
+    assert moved.stdout.startswith(f"{message_id}  rescheduled: due at ")
+    assert dt.timedelta(minutes=10) <= due(lite_engine, message_id) - before
+    assert due(lite_engine, message_id) - before < dt.timedelta(minutes=11)
+
+
 def test_one_message_is_rescheduled_and_reprioritized(
-    db_url: str, app_engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    db_url: str, app_engine: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
     first, second = enqueue(app_engine, 2)
-    # As an operator runs it: the installed command, a subprocess.
     before = dt.datetime.now(dt.UTC)
-    moved = cli("--db", db_url, "reschedule", str(first), "--in", "10m", cwd=tmp_path)
-    assert moved.returncode == 0, moved.stderr
-    assert moved.stdout.startswith(f"{first}  rescheduled: due at ")
+    code, out, _ = run(db_url, "reschedule", str(first), "--in", "10m", capsys=capsys)
+    assert code == 0
+    assert out.startswith(f"{first}  rescheduled: due at ")
     assert dt.timedelta(minutes=10) <= due(app_engine, first) - before < dt.timedelta(minutes=11)
 
     code, out, _ = run(db_url, "reschedule", str(first), str(second), "--at",
