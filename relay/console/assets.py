@@ -44,11 +44,11 @@ pre { background: var(--bg); border: 1px solid var(--line); padding: .8em; overf
 .muted { color: var(--muted); }
 .note { color: var(--muted); margin: .3em 0; }
 .problem { color: var(--bad); font-weight: 600; }
-.charts { display: flex; flex-wrap: wrap; gap: 1.5em; }
-figure.chart { margin: 0; flex: 1 1 560px; max-width: 760px; }
+.charts { display: flex; flex-wrap: wrap; gap: 1em; }
+figure.chart { margin: 0; flex: 1 1 360px; max-width: 760px; }
 figure.chart svg { width: 100%; height: auto; border: 1px solid var(--line); }
 figcaption { font-weight: 600; margin-bottom: .3em; }
-.legend { font-weight: 400; margin-left: 1em; }
+.legend { display: block; font-weight: 400; font-size: 12px; }
 .key { margin-right: 1em; }
 .key::before { content: ""; display: inline-block; width: .8em; height: .8em;
                margin-right: .3em; border-radius: 2px; background: currentColor; }

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 from relay.console.html import Html, join, render
 
-WIDTH, HEIGHT = 720, 200
+WIDTH, HEIGHT = 480, 200
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 12, 26
-TICK = dt.timedelta(minutes=30)
+# Time labels: the first of these steps (minutes) that puts at most MAX_TICKS on the axis.
+TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 240)
+MAX_TICKS = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +84,9 @@ def line_chart(
         for v in (0.0, top / 2, top)
     ]
     ticks = []
-    tick = start.replace(minute=(start.minute // 30) * 30, second=0, microsecond=0) + TICK
+    step = next((m for m in TICK_STEPS if span / (60 * m) <= MAX_TICKS), TICK_STEPS[-1])
+    day = start.replace(hour=0, minute=0, second=0, microsecond=0)
+    tick = day + dt.timedelta(minutes=((start - day).total_seconds() // (60 * step) + 1) * step)
     while tick < end:
         ticks.append(
             render(
@@ -92,7 +96,7 @@ def line_chart(
                 label=tick.strftime("%H:%M"),
             )
         )
-        tick += TICK
+        tick += dt.timedelta(minutes=step)
     lines = [
         render(
             '<polyline class="line $css" points="$points"><title>$name</title></polyline>',

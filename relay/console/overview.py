@@ -59,6 +59,8 @@ def render_page(snap: Snapshot | None, error: str | None, viewer: Viewer) -> Htm
 
 
 def _card(label: str, value: object, href: str) -> Html:
+    if isinstance(value, int):
+        value = f"{value:,}"
     return render(
         '<a class="card" href="$href"><div class="n">$value</div>'
         '<div class="label">$label</div></a>',
@@ -97,34 +99,45 @@ def _charts(snap: Snapshot) -> Html:
     def series(name: str, css: str, values: Sequence[tuple[dt.datetime, float]]) -> Series:
         return Series(name, css, values, f"{sum(v for _, v in values):,.0f}")
 
-    activity = line_chart(
-        "Per minute, last 3 hours (UTC)",
+    # Failures on a scale of their own: beside thousands published, a few dead would be a flat
+    # line at zero.
+    published = line_chart(
+        "Published per minute, last 3 hours",
+        [series("published", "s-published", [(m.start, m.published) for m in minutes])],
+        start,
+        end,
+        "nothing published",
+    )
+    failed = line_chart(
+        "Failed and dead per minute",
         [
-            series("published", "s-published", [(m.start, m.published) for m in minutes]),
             series("failed", "s-failed", [(m.start, m.failed) for m in minutes]),
             series("dead", "s-dead", [(m.start, m.dead) for m in minutes]),
         ],
         start,
         end,
-        "nothing happened",
+        "no failure",
     )
     samples = snap.backlog if len(snap.backlog) > 1 else []
+    sampled_from = max(snap.since, start)  # the console samples only while it runs
     backlog = line_chart(
-        f"Backlog since {when(max(snap.since, start))} UTC",
+        f"Backlog since {when(sampled_from)}",
         [
             Series("ready", "s-ready", [(s.at, s.ready) for s in samples]),
             Series("pending", "s-pending", [(s.at, s.pending) for s in samples]),
             Series("in flight", "s-in_flight", [(s.at, s.in_flight) for s in samples]),
         ],
-        start,
+        sampled_from,
         end,
         "sampling: one point per refresh while this page is open",
     )
     return render(
-        '<div class="charts">$activity$backlog</div><p class="note">Published counts messages '
-        "enqueued up to an hour before; the relay's own counter "
-        "(outbox_messages_published_total) counts every one.</p>",
-        activity=activity,
+        '<div class="charts">$published$failed$backlog</div><p class="note">Times in UTC, '
+        "complete minutes. Published counts the messages enqueued up to an hour before they "
+        "went out; the relays' own counter (outbox_messages_published_total) counts every one. "
+        "Failed: attempts to be retried.</p>",
+        published=published,
+        failed=failed,
         backlog=backlog,
     )
 
