@@ -110,6 +110,8 @@ class TlsProxy:
             context.verify_mode = ssl.CERT_REQUIRED
         self._context = context
         self._listener = socket.create_server(("127.0.0.1", 0))
+        # accept() wakes up now and then to see close(): closing the socket would not wake it.
+        self._listener.settimeout(0.1)
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
@@ -149,6 +151,8 @@ class TlsProxy:
         while not self._closed:
             try:
                 client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()

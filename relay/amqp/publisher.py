@@ -30,7 +30,11 @@ from typing import Any
 
 from pika import spec
 from pika.adapters.select_connection import IOLoop, SelectConnection
-from pika.exceptions import ChannelClosedByBroker, UnsupportedAMQPFieldException
+from pika.exceptions import (
+    AMQPConnectionError,
+    ChannelClosedByBroker,
+    UnsupportedAMQPFieldException,
+)
 
 from relay.amqp.connect_errors import connect_error
 from relay.amqp.nodes import broker_nodes
@@ -316,7 +320,12 @@ class Publisher:
             log.warning("broker.destination_missing", extra={"exchange": chan.exchange})
             self._fail_chan(chan, Fate.DESTINATION_MISSING, text, Fate.DESTINATION_MISSING)
         else:
-            self._fail_chan(chan, Fate.UNCONFIRMED, f"channel closed: {reason}", Fate.NOT_SENT)
+            # pika closes every channel with the connection's error before it reports the
+            # connection closed: those messages were lost with the connection, not by their
+            # destination (so they open no circuit).
+            lost = isinstance(reason, AMQPConnectionError)
+            why = f"channel closed: {reason}"
+            self._fail_chan(chan, Fate.UNCONFIRMED, why, Fate.NOT_SENT, lost=lost)
 
     # ----------------------------------------------------------------- publishing
 
