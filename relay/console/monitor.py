@@ -70,7 +70,7 @@ class Snapshot:
     exchanges: list[dict[str, object]]
     resources: list[ResourceRow]
     relays: list[tuple[str, dt.datetime, dt.datetime]]  # id, started, last seen
-    minutes: list[Minute]  # the WINDOW's complete minutes, oldest first
+    minutes: list[Minute]  # the WINDOW, oldest first; the last one is the current, partial one
     backlog: list[Sample]  # oldest first
     since: dt.datetime  # when this console began sampling the backlog
 
@@ -203,7 +203,7 @@ class Monitor:
         self._settled_until = _floor(now - UNSETTLED)
         out = []
         minute = first
-        while minute + _MINUTE <= now:  # complete minutes only: the current one is partial
+        while minute <= now:
             c = self._minutes.get(minute, {})
             out.append(
                 Minute(

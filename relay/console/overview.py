@@ -17,6 +17,7 @@ from relay.console.monitor import WINDOW, Snapshot
 from relay.console.present import resource
 
 LIVE = 5  # seconds between refreshes of the page
+MINUTE = dt.timedelta(minutes=1)
 STATES = [s.value for s in State]
 
 
@@ -94,7 +95,7 @@ def _relays(snap: Snapshot) -> Html:
 def _charts(snap: Snapshot) -> Html:
     end = snap.taken_at
     start = end - WINDOW
-    minutes = snap.minutes
+    minutes = [m for m in snap.minutes if m.start + MINUTE <= end]  # the current one is partial
 
     def series(name: str, css: str, values: Sequence[tuple[dt.datetime, float]]) -> Series:
         return Series(name, css, values, f"{sum(v for _, v in values):,.0f}")
