@@ -37,13 +37,13 @@ from pika.exceptions import (
 )
 
 from relay.amqp.connect_errors import connect_error
-from relay.amqp.nodes import broker_nodes
+from relay.amqp.nodes import Node, broker_nodes
 from relay.amqp.tls import TlsOptions
 from relay.amqp.untraced import basic_publish, suppress_instrumentation, wrapped_pika
 from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
 from relay.core.outcome import Fate, Outcome
 from relay.core.urls import redact
-from relay.errors import BrokerUnavailable
+from relay.errors import BrokerUnavailable, plain_broker_error
 from relay.ports import Claimed, Done, Outgoing
 
 log = logging.getLogger("relay.publisher")
@@ -77,6 +77,21 @@ class _Chan:
     next_tag: int = 0
     unconfirmed: dict[int, Entry] = field(default_factory=dict)
     queued: list[Entry] = field(default_factory=list)  # waiting for the channel to open
+
+
+def _lost_fields(node: Node, why: str, retry_in: float, next_node: str | None) -> dict[str, Any]:
+    """broker.lost's fields: the node, why, and which node is tried next, how soon."""
+    fields: dict[str, Any] = {"node": node.name, "broker": node.url, "error": why}
+    if next_node is not None:
+        fields["next"] = next_node
+    fields["retry_in"] = retry_in
+    return fields
+
+
+def _plain(node: Node, why: str) -> str:
+    """`node: why` in an operator's words (relay.errors), without pika's "connection failed:"
+    prefix, so that only the last node's error is left for plain_broker_error to read."""
+    return plain_broker_error(f"{node.name}: {why}").replace(": connection failed: ", ": ", 1)
 
 
 class Publisher:
@@ -124,6 +139,9 @@ class Publisher:
         self._failures = 0
         self._first_attempt = threading.Event()
         self._first_error: str | None = None
+        # Nodes that failed before any answered, and why: logged once one answers, or said all
+        # at once by start() when none does (one line, not a warning per node before it).
+        self._first_round: list[tuple[Node, str]] = []
         self.ready = False  # read by other threads; a plain bool is atomic enough
         self.blocked = False
         # What the broker negotiated at connection.tune; RabbitMQ closes the connection on a
@@ -145,13 +163,16 @@ class Publisher:
             raise BrokerUnavailable(f"broker {self._all_urls} did not answer within {waited:.0f} s")
         if self._first_error is not None:
             self.stop(1.0)
-            # The last node's error (the others were logged as they failed): one line that
-            # says what failed and why, read by relay.errors.plain_broker_error.
-            if len(self._nodes) == 1:
-                where = self._url
-            else:
-                where = f"{self._all_urls} (no node answered; the last, {self._nodes[-1].name})"
-            raise BrokerUnavailable(f"cannot connect to broker {where}: {self._first_error}")
+            raise BrokerUnavailable(f"cannot connect to broker {self._why_none_answered()}")
+
+    def _why_none_answered(self) -> str:
+        """Where and why, in one line: each node and its error, in plain words but the last
+        one's, which relay.errors.plain_broker_error reads (the CLI applies it to the line)."""
+        if len(self._nodes) == 1:
+            return f"{self._url}: {self._first_error}"
+        *earlier, (last, why) = self._first_round
+        reasons = [_plain(node, error) for node, error in earlier] + [f"{last.name}: {why}"]
+        return f"{self._all_urls}: {'; '.join(reasons)}"
 
     def publish(self, items: Sequence[Outgoing], done: Done) -> None:
         """Publish a batch; `done(outcomes)` is called from the IO thread once all are settled."""
@@ -219,6 +240,11 @@ class Publisher:
             self._frame_max = negotiated
         self.connections += 1
         self.node = self._nodes[self._index].name
+        # Each node that failed before this one answered, and the node tried after it.
+        tried_next = [node.name for node, _ in self._first_round[1:]] + [self.node]
+        for (failed, why), next_node in zip(self._first_round, tried_next, strict=False):
+            log.warning("broker.lost", extra=_lost_fields(failed, why, 0.0, next_node))
+        self._first_round.clear()
         self.ready = True
         log.info("broker.connected", extra={"node": self.node, "broker": self._url})
         self._first_attempt.set()
@@ -245,10 +271,13 @@ class Publisher:
         round_over = self._tried >= len(self._nodes)
         if round_over:
             self._tried = 0
-        if not self._first_attempt.is_set() and round_over:
-            self._first_error = why
-            self._first_attempt.set()
-            return
+        starting = not self._first_attempt.is_set()
+        if starting:
+            self._first_round.append((failed, why))
+            if round_over:
+                self._first_error = why
+                self._first_attempt.set()
+                return
         if self._stopping:
             self._ioloop.stop()
             return
@@ -257,10 +286,9 @@ class Publisher:
             self._failures += 1
             # Full jitter, so several relays losing the same broker do not reconnect in lockstep.
             delay = random.uniform(0.5, min(self._reconnect_max, 0.5 * 2**self._failures))
-        extra = {"node": failed.name, "broker": failed.url, "error": why, "retry_in": delay}
-        if len(self._nodes) > 1:
-            extra["next"] = self._nodes[self._index].name
-        log.warning("broker.lost", extra=extra)
+        if not starting:
+            next_node = self._nodes[self._index].name if len(self._nodes) > 1 else None
+            log.warning("broker.lost", extra=_lost_fields(failed, why, delay, next_node))
         self._ioloop.call_later(delay, self._connect)
 
     def _on_blocked(self, _conn: Any, frame: Any) -> None:
