@@ -416,8 +416,15 @@ def test_two_relays_and_an_application_through_pgbouncer_deliver_everything_in_o
         rolled_back: set[str] = set()
         lock = threading.Lock()
         stop = threading.Event()
+        failures: list[BaseException] = []
 
         def write(writer: int) -> None:
+            try:
+                write_until_stopped(writer)
+            except BaseException as exc:
+                failures.append(exc)
+
+        def write_until_stopped(writer: int) -> None:
             n = 0
             while not stop.is_set():
                 n += 1
@@ -451,8 +458,11 @@ def test_two_relays_and_an_application_through_pgbouncer_deliver_everything_in_o
             # past both relays finding that LISTEN is not carried (they poll from then on).
             wait_until(
                 lambda: (
-                    len(committed) >= 600
-                    and all("listen.unavailable" in log.read_text() for log in logs)
+                    failures
+                    or (
+                        len(committed) >= 600
+                        and all("listen.unavailable" in log.read_text() for log in logs)
+                    )
                 ),
                 timeout=60,
                 what="600 committed messages and both relays polling",
@@ -461,7 +471,8 @@ def test_two_relays_and_an_application_through_pgbouncer_deliver_everything_in_o
             stop.set()
             for writer in writers:
                 writer.join(30)
-        engine.dispose()
+            engine.dispose()
+        assert failures == []
         assert len(committed) >= 600
 
         broker.collect_ids([uuid.UUID(i) for i in committed], timeout=60)
