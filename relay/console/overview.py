@@ -164,7 +164,7 @@ def _circuits(snap: Snapshot, viewer: Viewer) -> Html:
                 name=d["resource"],
                 state=state(d["state"]),
                 failures=d["failures"],
-                until="-" if d["opens_in_s"] is None else f"half-open in {d['opens_in_s']:.0f} s",
+                until=_until(d["opens_in_s"]),
                 tokens="-" if d["rate_tokens"] is None else d["rate_tokens"],
                 error=short(d["last_error"]),
                 reset=reset,
@@ -176,6 +176,13 @@ def _circuits(snap: Snapshot, viewer: Viewer) -> Html:
         "$rows</table>",
         rows=join(rows),
     )
+
+
+def _until(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    # Past its cooldown an open circuit waits for the next message to probe with.
+    return f"half-open in {seconds:.0f} s" if seconds >= 1 else "probe due"
 
 
 def _exchanges(exchanges: Sequence[Mapping[str, Any]]) -> Html:
