@@ -249,6 +249,9 @@ def group_filter(raw: Any, now: dt.datetime) -> tuple[admin.MessageFilter, str]:
         if kept:
             params[str(name)] = kept
     only(params, FILTERS)
+    if not params:
+        # As `outbox-relay replay` wants --state: "everything" is never an accident.
+        raise BadRequest('a filtered group needs at least one filter (e.g. {"state": "dead"})')
     return message_filter(params, now), describe(params)
 
 

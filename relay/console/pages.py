@@ -158,6 +158,8 @@ def _bulk_actions(params: Params, viewer: Viewer) -> Html:
         {k: list(v) for k, v in params.items() if k not in ("limit", "before", "after")}
     )
     selected = _action_forms("/api/messages/{action}", "selection", list(ACTIONS))
+    if flt == "{}":  # a group action needs a filter (see actions.group_filter)
+        return render('<div class="actions"><b>Selected:</b>$selected</div>', selected=selected)
     everything = _action_forms("/api/messages/{action}", "group", list(ACTIONS), data=flt)
     return render(
         '<div class="actions"><b>Selected:</b>$selected</div>'

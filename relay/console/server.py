@@ -47,6 +47,7 @@ class ConsoleServer:
         class Handler(BaseHTTPRequestHandler):
             server_version = "outbox-relay-console"
             sys_version = ""
+            timeout = 30  # seconds a connection may sit idle: a slow client cannot hold a thread
 
             def do_GET(self) -> None:
                 self._serve("GET")
