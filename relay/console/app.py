@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from relay.console import api, assets, layout, overview, pages
 from relay.console.auth import (
@@ -34,8 +35,9 @@ from relay.console.filters import BadRequest, filter_params, parse_query
 from relay.console.html import Html
 from relay.console.monitor import Monitor
 from relay.console.present import jsonable
-from relay.errors import DatabaseUnavailable, SchemaNotFound
+from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError, SchemaNotFound
 from relay.store import admin
+from relay.store import grants as store_grants
 from relay.store.sql_store import SqlStore, translated
 
 log = logging.getLogger("relay")
@@ -127,6 +129,10 @@ class Console:
             return self._problem(req, api_call, 400, str(exc))
         except (DatabaseUnavailable, SchemaNotFound) as exc:
             return self._problem(req, api_call, 503, str(exc))
+        except PermissionDenied as exc:  # a console run as a read-only role (grants --viewer)
+            return self._problem(
+                req, api_call, 403, f"the console's database role may not do this: {exc}"
+            )
 
     def _problem(self, req: Request, api_call: bool, status: int, text: str) -> Response:
         if api_call:
@@ -219,21 +225,44 @@ class Console:
         if isinstance(caller, Denied):
             return _denied(caller)
         body = _json_body(req)
-        if req.path == "/api/circuits/reset":
-            status, result = api.reset_circuit(self.store, body, caller.who)
-            return _json(status, result)
-        one, many = _ACT_ONE.match(req.path), _ACT_MANY.match(req.path)
-        if one:
-            status, result = api.act(
-                self.engine, one.group(2), one.group(1), body, self._now(), caller.who
-            )
-        elif many:
-            status, result = api.act(
-                self.engine, many.group(1), None, body, self._now(), caller.who
-            )
-        else:
-            return _json(404, {"error": f"no API path {req.path}"})
+        reset = req.path == "/api/circuits/reset"
+        try:
+            return self._act(req, body, caller.who, reset)
+        except PermissionDenied as exc:  # a console run as a read-only role (grants --viewer)
+            need = store_grants.RESET if reset else store_grants.CHANGE
+            return _json(403, {"error": self._lacking(exc, need)})
+
+    def _act(self, req: Request, body: dict[str, Any], who: str, reset: bool) -> Response:
+        with translated(self.engine):  # here too: a refused privilege is named by the caller
+            if reset:
+                status, result = api.reset_circuit(self.store, body, who)
+                return _json(status, result)
+            one, many = _ACT_ONE.match(req.path), _ACT_MANY.match(req.path)
+            if one:
+                status, result = api.act(
+                    self.engine, one.group(2), one.group(1), body, self._now(), who
+                )
+            elif many:
+                status, result = api.act(self.engine, many.group(1), None, body, self._now(), who)
+            else:
+                return _json(404, {"error": f"no API path {req.path}"})
         return _json(status, result)
+
+    def _lacking(self, exc: PermissionDenied, need: store_grants.Capability) -> str:
+        """Which privileges the console's role lacks for an action, as `outbox-relay` says it."""
+        try:
+            with self.engine.connect() as conn:
+                role = store_grants.current_role(conn)
+                lacking = store_grants.missing(conn, [need])
+        except (RelayError, SQLAlchemyError):
+            return f"the console's database role may not do this: {exc}"
+        hint = f"`outbox-relay grants --operator {store_grants.quote(role)}` prints the GRANTs"
+        if not lacking:
+            return f"the console's database role may not do this: {exc} ({hint})"
+        return (
+            f"the console's database role {role} lacks {store_grants.describe(lacking)}; "
+            f"nothing changed. {hint}"
+        )
 
     # ----------------------------------------------------------------- sessions
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from relay.errors import RelayError
+from relay.errors import PermissionDenied, RelayError
 from relay.loop.observer import ALIVE_WITHIN
 from relay.ports import ResourceRow, StateCounts
 from relay.store import admin
@@ -69,7 +69,8 @@ class Snapshot:
     counts: StateCounts
     exchanges: list[dict[str, object]]
     resources: list[ResourceRow]
-    relays: list[tuple[str, dt.datetime, dt.datetime]]  # id, started, last seen
+    # id, started, last seen; None when the console's role may not read outbox_relay
+    relays: list[tuple[str, dt.datetime, dt.datetime]] | None
     minutes: list[Minute]  # the WINDOW, oldest first; the last one is the current, partial one
     backlog: list[Sample]  # oldest first
     since: dt.datetime  # when this console began sampling the backlog
@@ -163,7 +164,7 @@ class Monitor:
                 counts = self._store.counts()
                 exchanges = admin.per_exchange(self._engine, now)
                 resources = self._store.resources()
-                relays = self._store.relays(ALIVE_WITHIN)
+                relays = self._relays()
                 minutes = self._rollup(now)
             sample = Sample(
                 now,
@@ -191,6 +192,12 @@ class Monitor:
             self.error = None
             self._wake.notify_all()
         return snapshot
+
+    def _relays(self) -> list[tuple[str, dt.datetime, dt.datetime]] | None:
+        try:
+            return self._store.relays(ALIVE_WITHIN)
+        except PermissionDenied:
+            return None  # a read-only role may see messages without seeing relays
 
     def _rollup(self, now: dt.datetime) -> list[Minute]:
         """The per-minute activity of the WINDOW, reading only the minutes not final yet."""

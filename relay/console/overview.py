@@ -72,6 +72,11 @@ def _card(label: str, value: object, href: str) -> Html:
 
 
 def _relays(snap: Snapshot) -> Html:
+    if snap.relays is None:
+        return render(
+            '<p class="note">This console\'s database role may not read outbox_relay '
+            "(SELECT), so it cannot say which relays are alive.</p>"
+        )
     if not snap.relays:
         return render(
             '<p class="problem">No relay has sent a heartbeat in the last 30 s: nothing is being '

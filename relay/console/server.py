@@ -14,8 +14,8 @@ from outbox.schema import SCHEMA_VERSION
 from relay.console.app import MAX_BODY, SECURITY_HEADERS, Console, Request, Response
 from relay.console.auth import Gate, is_loopback
 from relay.console.monitor import Monitor
-from relay.errors import SchemaNotFound
-from relay.store.sql_store import make_engine, open_store
+from relay.errors import PermissionDenied, SchemaNotFound
+from relay.store.sql_store import SqlStore, make_engine, open_store
 
 # The console's own budgets (seconds): a page's queries are index scans, but a count over a
 # large filter may take a while; none should hold a connection for ever.
@@ -124,6 +124,20 @@ class ConsoleServer:
         self._close()
 
 
+def _check_schema(store: SqlStore) -> None:
+    try:
+        version = store.schema_version()
+    except PermissionDenied:
+        # A read-only role (grants --viewer) may not read the version table: its pages still
+        # work, and a missing table says so when a page needs it.
+        return
+    if version < SCHEMA_VERSION:
+        raise SchemaNotFound(
+            f"the outbox schema is version {version}, the console needs {SCHEMA_VERSION}: "
+            "run `outbox-relay migrate`"
+        )
+
+
 def open_console(
     db_url: str, *, host: str, port: int, token: str | None, trace_url: str | None
 ) -> ConsoleServer:
@@ -143,12 +157,7 @@ def open_console(
         store.close()
 
     try:
-        version = store.schema_version()
-        if version < SCHEMA_VERSION:
-            raise SchemaNotFound(
-                f"the outbox schema is version {version}, the console needs {SCHEMA_VERSION}: "
-                "run `outbox-relay migrate`"
-            )
+        _check_schema(store)
         gate = Gate(token, open_reads=is_loopback(host))
         console = Console(
             engine=engine,

@@ -26,8 +26,14 @@ from relay.ports import ResourceRow
 from relay.store import admin
 from relay.store.sql_store import make_engine, open_store
 from tests.conftest import Broker, RelayFactory, drive, make_app_engine, states, wait_until
+from tests.integration import test_least_privilege
+from tests.integration.test_least_privilege import Roles
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+# The roles `outbox-relay grants` makes, as the least-privilege tests build them (fixtures).
+roles = test_least_privilege.roles
+granted = test_least_privilege.granted
 
 TOKEN = "console-test-token-0123456789"
 TRACE_URL = "https://jaeger.example/trace/{trace_id}"
@@ -365,13 +371,13 @@ def test_cancel_and_priority_racing_a_running_relay_either_win_or_change_nothing
     db_url: str, console: ConsoleServer, app_engine: Engine, broker: Broker,
     relay_factory: RelayFactory,
 ) -> None:  # fmt: skip
-    """Messages fall due over three seconds while the relay claims them and two clients cancel or
-    reprioritize each one: every answer is either a change that took (a cancelled message is
-    never sent) or a 409 that left no trace (the message went out as it was)."""
+    """Messages fall due over a second and a half while the relay claims them and two clients
+    cancel or reprioritize each one: every answer is either a change that took (a cancelled
+    message is never sent) or a 409 that left no trace (the message went out as it was)."""
     with app_engine.begin() as conn:
         ids = [
             outbox.enqueue(conn, exchange=broker.exchange, routing_key="r", payload={"n": n},
-                           delay=n * 0.05)
+                           delay=n * 0.04)
             for n in range(40)
         ]  # fmt: skip
     relay_factory(db_url)
@@ -620,3 +626,42 @@ def test_a_page_is_an_index_scan_however_many_rows_the_table_holds(
     finally:
         engine.dispose()
     assert len(seen) == 3
+
+
+# --------------------------------------------------------------------------- least privilege
+
+
+def test_a_console_run_as_the_viewer_role_reads_and_refuses_actions(granted: Roles) -> None:
+    """The roles `outbox-relay grants` makes: a viewer's console shows everything and each action
+    is a 403 naming the privilege (nothing changes); an operator's console acts."""
+    owner = granted.engine("owner")
+    try:
+        (dead,) = enqueue(owner, 1)
+        kill(owner, [dead], "rejected")
+        for kind, status in (("viewer", 403), ("operator", 200)):
+            server = open_console(granted.url(kind), host="127.0.0.1", port=0, token=TOKEN,
+                                  trace_url=None)  # fmt: skip
+            server.start()
+            try:
+                with bearer(server) as http:
+                    assert http.get(f"/api/messages/{dead}").json()["state"] == "dead"
+                    seen = http.get("/api/overview").json()
+                    assert seen["counts"]["dead"] == 1, kind
+                    # A role that may not read outbox_relay (grants' viewer and operator, today)
+                    # gets the rest of the overview.
+                    assert seen["relays"] in (None, [])
+                    answer = http.post(f"/api/messages/{dead}/replay")
+                assert answer.status_code == status, (kind, answer.text)
+                if kind == "viewer":
+                    assert answer.json()["error"] == (
+                        f"the console's database role {granted.names['viewer']} lacks UPDATE on "
+                        "table outbox_message; INSERT on table outbox_attempt; USAGE on sequence "
+                        "outbox_attempt_id_seq; nothing changed. `outbox-relay grants --operator "
+                        f"{granted.names['viewer']}` prints the GRANTs"
+                    )
+                    assert row(owner, dead).state == "dead"
+            finally:
+                server.stop()
+        assert row(owner, dead).state == "pending"
+    finally:
+        owner.dispose()
