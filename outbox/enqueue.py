@@ -16,15 +16,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Insert, Interval, bindparam, func, insert, select
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Insert,
+    Interval,
+    Select,
+    bindparam,
+    func,
+    insert,
+    literal_column,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from outbox.config import settings
+from outbox.dberrors import sqlstate_of
 from outbox.errors import IdempotencyConflict, SchemaMissing
 from outbox.prepared import Prepared, prepare
-from outbox.schema import is_missing_table, message
+from outbox.schema import MYSQL, check_supported, is_missing_table, message
 from outbox.sessions import wrong_object
 
 Db = Session | Connection
@@ -69,10 +82,12 @@ def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
     """Insert a prepared message on `conn`, in its current transaction; return the message's id
     (an earlier message's, when its idempotency key is taken). `enqueue_async` runs this too, on
     the sync face of its AsyncConnection, so both translate errors and race the same way."""
+    check_supported(conn.dialect.name)  # before any SQL
     params = dict(prepared.params)
     statements = _statements(conn.dialect.name)
     if statements.server_clock:
         params["delay"] = prepared.wait or _ZERO
+        params["delay_us"] = (prepared.wait or _ZERO) // _MICROSECOND
     else:
         now = dt.datetime.now(dt.UTC)
         params["created_at"] = now
@@ -83,24 +98,17 @@ def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
             result = prepared.id
         else:
             result = _insert_idempotent(conn, statements, params, prepared.idempotency_key)
-        if statements.server_clock:
+        if statements.notify:
             _maybe_notify(conn)
         return result
     except DBAPIError as exc:
-        if _sqlstate(exc) == "42P01" or is_missing_table(exc):
+        if is_missing_table(exc):
             raise SchemaMissing(SchemaMissing.__doc__) from exc
         raise
 
 
-def _sqlstate(exc: DBAPIError) -> str | None:
-    """The SQLSTATE of a PostgreSQL error: psycopg 3 and asyncpg (through SQLAlchemy) call it
-    `sqlstate`, psycopg2 `pgcode`."""
-    orig = exc.orig
-    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    return code if isinstance(code, str) else None
-
-
 _ZERO = dt.timedelta(0)
+_MICROSECOND = dt.timedelta(microseconds=1)
 NOTIFY_CHANNEL = "outbox_relay"
 _last_notify = -1e9
 
@@ -129,8 +137,15 @@ _COLUMNS = (
 @dataclass(frozen=True, slots=True)
 class _Statements:
     insert: Insert
+    # Inserts, or writes nothing when the idempotency key is taken (returning None); on MySQL,
+    # where a taken key fails the INSERT (and only it: InnoDB rolls back the one statement), a
+    # plain INSERT.
     insert_or_nothing: Insert
     server_clock: bool
+    notify: bool = False  # PostgreSQL: NOTIFY an idle relay
+    # MySQL: the earlier row of a key read by a locking read, which sees the latest committed
+    # rows whatever the transaction's snapshot (REPEATABLE READ is MySQL's default).
+    existing: Select[tuple[Any]] | None = None
 
 
 @functools.cache
@@ -151,7 +166,23 @@ def _statements(dialect: str) -> _Statements:
             .values(values)
             .on_conflict_do_nothing(index_elements=["idempotency_key"], index_where=_HAS_KEY)
         )
-        return _Statements(plain, pg_guarded.returning(message.c.id), server_clock=True)
+        return _Statements(
+            plain, pg_guarded.returning(message.c.id), server_clock=True, notify=True
+        )
+    if dialect in MYSQL:
+        # The server's clock, in UTC, as the relay's statements read it (relay/store/mysql.py).
+        my_now: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")
+        values["created_at"] = my_now
+        values["available_at"] = func.timestampadd(
+            literal_column("MICROSECOND"), bindparam("delay_us", type_=BigInteger()), my_now
+        )
+        plain = insert(message).values(values).inline()
+        existing = (
+            select(message.c.id)
+            .where(message.c.idempotency_key == bindparam("idempotency_key"))
+            .with_for_update(read=True)
+        )
+        return _Statements(plain, plain, server_clock=True, existing=existing)
     values["created_at"] = bindparam("created_at")
     values["available_at"] = bindparam("available_at")
     plain = insert(message).values(values).inline()
@@ -170,10 +201,12 @@ def _statements(dialect: str) -> _Statements:
 def _insert_idempotent(
     conn: Connection, statements: _Statements, params: dict[str, Any], idempotency_key: str
 ) -> uuid.UUID:
+    if statements.existing is not None:
+        return _insert_idempotent_mysql(conn, statements, params, idempotency_key)
     try:
         inserted = conn.execute(statements.insert_or_nothing, params).scalar()
     except DBAPIError as exc:
-        if _sqlstate(exc) == "40001":  # serialization_failure
+        if sqlstate_of(exc.orig) == "40001":  # serialization_failure
             raise IdempotencyConflict(
                 f"idempotency key {idempotency_key!r} was taken by a transaction that committed "
                 "after this one's snapshot (REPEATABLE READ or SERIALIZABLE); retry the "
@@ -192,5 +225,33 @@ def _insert_idempotent(
             f"idempotency key {idempotency_key!r} is held by a transaction whose row this one "
             "cannot see (it committed after this transaction's snapshot was taken); retry the "
             "transaction"
+        )
+    return uuid.UUID(str(existing))
+
+
+def _insert_idempotent_mysql(
+    conn: Connection, statements: _Statements, params: dict[str, Any], idempotency_key: str
+) -> uuid.UUID:
+    assert statements.existing is not None
+    try:
+        conn.execute(statements.insert, params)
+        return uuid.UUID(str(params["id"]))
+    except DBAPIError as exc:
+        sqlstate = sqlstate_of(exc.orig)
+        if sqlstate == "40P01":
+            # Two transactions waited for a third holding the key, which rolled back; InnoDB
+            # chose this one and rolled it back whole.
+            raise IdempotencyConflict(
+                f"idempotency key {idempotency_key!r}: the database rolled this transaction back "
+                "(a deadlock between transactions enqueueing the same key); retry the transaction"
+            ) from exc
+        if sqlstate != "23505":  # unique_violation: the key (ids are unique by construction)
+            raise
+    # Like PostgreSQL, the INSERT waited for a racing transaction holding the key to commit.
+    existing = conn.execute(statements.existing, {"idempotency_key": idempotency_key}).scalar()
+    if existing is None:  # the row went (retention) between the INSERT and this read
+        raise IdempotencyConflict(
+            f"idempotency key {idempotency_key!r} was taken by a row that is gone now; retry "
+            "the transaction"
         )
     return uuid.UUID(str(existing))

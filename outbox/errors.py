@@ -53,3 +53,7 @@ class SchemaMissing(OutboxError):
 
 class InvalidSession(OutboxError, TypeError):
     """The object given to write with is not a SQLAlchemy session or connection this call takes."""
+
+
+class UnsupportedDatabase(OutboxError):
+    """The database is not one the outbox runs on (PostgreSQL, MySQL/MariaDB, SQLite)."""

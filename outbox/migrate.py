@@ -12,6 +12,8 @@ numbered step of its own here, run before the comparison.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sqlalchemy import (
     Connection,
@@ -28,6 +30,7 @@ from sqlalchemy.schema import CreateColumn, DropIndex
 
 from outbox import schema
 from outbox.errors import OutboxError
+from outbox.schema import MYSQL, check_supported
 from outbox.shape import Gap, Kind, Shape, structural_gaps
 
 
@@ -123,6 +126,29 @@ def storage_gaps(conn: Connection, tables: frozenset[str]) -> list[Gap]:
     return gaps
 
 
+# MySQL and MariaDB have no partial indexes: the indexes of `outbox.metadata` cover every row
+# there, and these two, MySQL's own, take the place of the partial ones on the claim path. The
+# claim reads ready rows in claim order under (state, held): the published rows, however many,
+# are another range. A key's head probe asks for an earlier row of the key in a blocking state
+# (relay/store/common.is_head): (key, state, seq) answers it without reading the key's
+# published rows. DESC needs MySQL 8 or MariaDB 10.8 to be an index order (older MariaDB sorts).
+MYSQL_INDEXES: dict[str, str] = {
+    "outbox_message_claim_idx": "CREATE INDEX outbox_message_claim_idx ON outbox_message "
+    "(state, held, priority DESC, available_at, seq)",
+    "outbox_message_key_state_idx": "CREATE INDEX outbox_message_key_state_idx ON outbox_message "
+    "(`key`, state, seq)",
+}
+
+
+def mysql_index_gaps(conn: Connection, tables: frozenset[str]) -> list[Gap]:
+    """MYSQL_INDEXES that an existing outbox_message lacks (MySQL/MariaDB only)."""
+    table = schema.message.name
+    if conn.dialect.name not in MYSQL or table not in tables:
+        return []
+    have = {str(ix["name"]) for ix in inspect(conn).get_indexes(table)}
+    return [Gap(Kind.INDEX, table, (name,)) for name in MYSQL_INDEXES if name not in have]
+
+
 def current_version(conn: Connection) -> int:
     """The highest version `migrate` recorded; 0 when none (never migrated, or made otherwise)."""
     if not inspect(conn).has_table(schema.schema_version.name):
@@ -135,6 +161,7 @@ def inspect_schema(conn: Connection) -> Shape:
     """The outbox schema on `conn` against what this version needs; changes nothing."""
     tables, gaps = structural_gaps(conn)
     gaps.extend(storage_gaps(conn, tables))
+    gaps.extend(mysql_index_gaps(conn, tables))
     return Shape(current_version(conn), tables, tuple(gaps))
 
 
@@ -151,11 +178,16 @@ def complete(conn: Connection, shape: Shape) -> None:
             if gap.table in AUTOVACUUM_SETTINGS and conn.dialect.name == "postgresql":
                 settings = _settings(AUTOVACUUM_SETTINGS[gap.table])
                 conn.exec_driver_sql(_alter_storage(gap.table, settings))
+            if gap.table == schema.message.name and conn.dialect.name in MYSQL:
+                for statement in MYSQL_INDEXES.values():
+                    conn.exec_driver_sql(statement)
         elif gap.kind is Kind.COLUMNS:
             for name in gap.names:
                 _add_column(conn, table, name)
         elif gap.kind is Kind.UNIQUE:
             _add_unique(conn, table, gap.names)
+        elif gap.kind is Kind.INDEX and gap.names[0] in MYSQL_INDEXES:
+            conn.exec_driver_sql(MYSQL_INDEXES[gap.names[0]])
         elif gap.kind is Kind.INDEX:
             _index(table, gap.names[0]).create(conn)
         elif gap.kind is Kind.INDEX_DIFFERS:
@@ -202,7 +234,9 @@ def _add_column(conn: Connection, table: Table, name: str) -> None:
 
 def upgrade(bind: Engine | Connection) -> int:
     """Bring the outbox schema to this version (create, upgrade or complete it); return the
-    version now recorded. Safe to repeat and to race (PostgreSQL serialises migrations)."""
+    version now recorded. Safe to repeat and to race (PostgreSQL and MySQL serialise migrations).
+    UnsupportedDatabase, before any SQL, on a database the outbox does not run on."""
+    check_supported(bind.dialect.name)
     if isinstance(bind, Engine):
         with bind.begin() as conn:
             return _upgrade(conn)
@@ -213,6 +247,43 @@ def _upgrade(conn: Connection) -> int:
     if conn.dialect.name == "postgresql":
         # Two deploys migrating at once must not both create the same table.
         conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext('outbox_relay.migrate'))")
+    if conn.dialect.name in MYSQL:
+        # The same through a named lock: MySQL commits at each DDL statement, so no lock taken
+        # inside a transaction would last; this one is the session's, until released.
+        with _mysql_lock(conn):
+            return _apply(conn)
+    return _apply(conn)
+
+
+MYSQL_LOCK_WAIT = 300  # seconds one migration waits for another to finish
+
+
+@contextmanager
+def _mysql_lock(conn: Connection) -> Iterator[None]:
+    got = conn.execute(
+        text("SELECT GET_LOCK('outbox_relay.migrate', :wait)"), {"wait": MYSQL_LOCK_WAIT}
+    )
+    if got.scalar() != 1:
+        raise SchemaConflict(
+            f"another migration of this database held its lock for {MYSQL_LOCK_WAIT} s: "
+            "let it finish, then run migrate again"
+        )
+    try:
+        yield
+    finally:
+        conn.exec_driver_sql("SELECT RELEASE_LOCK('outbox_relay.migrate')")
+
+
+# IGNORE on MySQL: the lock is released before the caller commits, so the next migration may
+# record the same versions before this one's rows are visible to it.
+_RECORD = (
+    insert(schema.schema_version)
+    .prefix_with("IGNORE", dialect="mysql")
+    .prefix_with("IGNORE", dialect="mariadb")
+)
+
+
+def _apply(conn: Connection) -> int:
     version = current_version(conn)
     if version > schema.SCHEMA_VERSION:
         # A newer outbox migrated this database; what this one calls obsolete or different may
@@ -222,5 +293,5 @@ def _upgrade(conn: Connection) -> int:
     # One row per version the schema now has, as when each version was its own step.
     now = dt.datetime.now(dt.UTC)
     for number in range(version + 1, schema.SCHEMA_VERSION + 1):
-        conn.execute(insert(schema.schema_version).values(version=number, applied_at=now))
+        conn.execute(_RECORD.values(version=number, applied_at=now))
     return schema.SCHEMA_VERSION

@@ -13,6 +13,8 @@ operations to a schema made by `create_schema` (tests/integration/test_alembic.p
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -33,9 +35,11 @@ from sqlalchemy import (
     Uuid,
     text,
 )
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.exc import DBAPIError
 
+from outbox.dberrors import sqlstate_of
+from outbox.errors import UnsupportedDatabase
 from outbox.states import ALL_STATES
 
 SCHEMA_VERSION = 6
@@ -49,8 +53,23 @@ _Seq = BigInteger().with_variant(Integer(), "sqlite")
 # PostgreSQL already; a postgresql.JSON variant would render in an Alembic migration as
 # `astext_type=Text()`, a name the migration file does not import.
 _Json = JSON()
+# MySQL and MariaDB (SQLAlchemy names them apart: "mysql", "mariadb"): a BLOB holds 64 KiB, a
+# DATETIME whole seconds; times are DATETIME(6) in UTC. UUIDs are CHAR(32) of hex digits, as on
+# MySQL, on MariaDB too: its native UUID type does not sort a UUIDv7 by time (retention walks
+# ids in time order, relay/store/retention.py).
+_MY = ("mysql", "mariadb")
 _Bytes = LargeBinary().with_variant(postgresql.BYTEA(), "postgresql")
-_Time = DateTime(timezone=True)
+_Bytes = _Bytes.with_variant(mysql.LONGBLOB(), *_MY)
+_Time = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *_MY)
+UUID = Uuid().with_variant(Uuid(native_uuid=False), "mariadb")
+# Binary collation: keys, idempotency keys, exchange names and inbox ids compare byte for byte
+# (a case-insensitive collation would make "A" and "a" one idempotency key); utf8mb4, so any
+# text fits. InnoDB: row locks and SKIP LOCKED.
+_MY_TABLE: dict[str, Any] = {
+    f"{name}_{option}": value
+    for name in _MY
+    for option, value in (("engine", "InnoDB"), ("charset", "utf8mb4"), ("collate", "utf8mb4_bin"))
+}
 
 _states_sql = ", ".join(f"'{s}'" for s in ALL_STATES)
 
@@ -58,7 +77,7 @@ message = Table(
     "outbox_message",
     metadata,
     Column("seq", _Seq, primary_key=True, autoincrement=True),
-    Column("id", Uuid(), nullable=False, unique=True),
+    Column("id", UUID, nullable=False, unique=True),
     Column("exchange", String(255), nullable=False),
     Column("routing_key", String(255), nullable=False),
     Column("payload", _Bytes, nullable=False),
@@ -77,7 +96,7 @@ message = Table(
     Column("created_at", _Time, nullable=False),
     Column("published_at", _Time, nullable=True),
     Column("lease_owner", String(255), nullable=True),
-    Column("lease_token", Uuid(), nullable=True),
+    Column("lease_token", UUID, nullable=True),
     Column("lease_expires_at", _Time, nullable=True),
     Column("last_error", Text, nullable=True),
     Column("last_failed_at", _Time, nullable=True),
@@ -110,6 +129,7 @@ message = Table(
         postgresql_where=text("idempotency_key IS NOT NULL"),
         sqlite_where=text("idempotency_key IS NOT NULL"),
     ),
+    **_MY_TABLE,
 )
 
 # The claim path: ready rows by priority, then due time, then enqueue order. Partial, so its
@@ -149,7 +169,7 @@ attempt = Table(
     "outbox_attempt",
     metadata,
     Column("id", _Seq, primary_key=True, autoincrement=True),
-    Column("message_id", Uuid(), nullable=False),
+    Column("message_id", UUID, nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("at", _Time, nullable=False),
     Column("relay_id", String(255), nullable=True),
@@ -159,6 +179,7 @@ attempt = Table(
     Column("next_attempt_at", _Time, nullable=True),
     Index("outbox_attempt_message_idx", "message_id", "id"),
     Index("outbox_attempt_at_idx", "at"),
+    **_MY_TABLE,
 )
 
 # One row per broker resource (what fails together, by default broker + vhost + exchange),
@@ -168,7 +189,8 @@ attempt = Table(
 resource = Table(
     "outbox_resource",
     metadata,
-    Column("resource", String(1024), primary_key=True),
+    # InnoDB keys hold 3072 bytes: 768 characters of utf8mb4 on MySQL/MariaDB.
+    Column("resource", String(1024).with_variant(mysql.VARCHAR(768), *_MY), primary_key=True),
     Column("state", String(16), nullable=False, server_default=text("'closed'")),
     Column("failures", Integer, nullable=False, server_default=text("0")),
     Column("opens", Integer, nullable=False, server_default=text("0")),
@@ -177,9 +199,10 @@ resource = Table(
     Column("probe_until", _Time, nullable=True),
     Column("last_error", Text, nullable=True),
     Column("changed_at", _Time, nullable=True),
-    Column("tokens", Float, nullable=True),
+    Column("tokens", Float().with_variant(mysql.DOUBLE(), *_MY), nullable=True),
     Column("tokens_at", _Time, nullable=True),
     CheckConstraint("state IN ('closed', 'open', 'half_open')", name="outbox_resource_state_check"),
+    **_MY_TABLE,
 )
 
 # One row per running relay, refreshed every few seconds: how many relays are alive, and which.
@@ -189,6 +212,7 @@ relay_instance = Table(
     Column("relay_id", String(255), primary_key=True),
     Column("started_at", _Time, nullable=False),
     Column("last_seen", _Time, nullable=False),
+    **_MY_TABLE,
 )
 
 # The consumer side: one row per message a consumer has processed (outbox/consumer/inbox.py).
@@ -202,6 +226,7 @@ inbox = Table(
     Column("message_id", String(255), primary_key=True),
     Column("processed_at", _Time, nullable=False),
     Index("outbox_inbox_consumer_processed_idx", "consumer", "processed_at"),
+    **_MY_TABLE,
 )
 
 # The versions `outbox-relay migrate` applied. A schema made by an Alembic migration from
@@ -211,6 +236,7 @@ schema_version = Table(
     metadata,
     Column("version", Integer, primary_key=True),
     Column("applied_at", _Time, nullable=False),
+    **_MY_TABLE,
 )
 
 
@@ -226,12 +252,25 @@ OBSOLETE_INDEXES: tuple[Index, ...] = (
 )
 
 
+MYSQL = frozenset({"mysql", "mariadb"})  # SQLAlchemy's names for the MySQL family
+SUPPORTED = frozenset({"postgresql", "sqlite"}) | MYSQL
+
+
+def check_supported(dialect: str) -> None:
+    """UnsupportedDatabase, before any SQL, for a database the outbox does not run on."""
+    if dialect not in SUPPORTED:
+        raise UnsupportedDatabase(
+            f"the outbox runs on PostgreSQL, MySQL/MariaDB and SQLite, not {dialect}"
+        )
+
+
 def is_missing_table(exc: DBAPIError) -> bool:
     """Whether a driver error says the outbox tables are not there (not migrated yet).
 
-    PostgreSQL by SQLSTATE 42P01 (undefined_table); SQLite has no SQLSTATE, only its message.
+    PostgreSQL by SQLSTATE 42P01 (undefined_table), MySQL/MariaDB by its error number for the
+    same (outbox.dberrors); SQLite has no SQLSTATE, only its message.
     """
-    if getattr(exc.orig, "sqlstate", None) == "42P01":
+    if sqlstate_of(exc.orig) == "42P01":
         return True
     return "no such table" in str(exc.orig)
 

@@ -5,8 +5,9 @@ did not create:
 
 - `pg_url`: a fresh PostgreSQL schema (`t_<random>`), as a URL whose `search_path` points at it,
   so every engine and subprocess given the URL lands in that schema. Dropped CASCADE at teardown.
+- `mysql_url`: a fresh MariaDB database (`t_<random>`, utf8mb4), dropped at teardown.
 - `sqlite_url`: a SQLite file in the test's `tmp_path`.
-- `db_url`: both of the above, one after the other (for behaviour that must hold on both).
+- `db_url`: each of the above, one after the other (for behaviour that must hold on all three).
 - `app_engine`: an application-side engine on `db_url` with the outbox schema created.
 - `broker`: a topic exchange `t.<random>` and a durable queue bound with `#`, with a collector
   for what arrives; helpers declare further exchanges/queues that are deleted with them.
@@ -19,6 +20,7 @@ sleep whose length is a guess.
 The services are expected on this machine (see scripts/ensure-services.sh); OUTBOX_TEST_PG_URL
 and OUTBOX_TEST_AMQP_URL point the tests elsewhere. When one is not reachable, the tests that need
 it fail with one line saying so: a silently skipped integration suite would look green.
+OUTBOX_TEST_MYSQL_URL points the MariaDB (or MySQL) tests elsewhere.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ from relay.store.sql_store import SqlStore, open_store
 # A database the tests may create schemas in, and a broker (vhost) they may declare names in.
 PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 AMQP_URL = os.environ.get("OUTBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+# A server the tests may create databases in (MariaDB here; MySQL 8 runs the same tests).
+MYSQL_ADMIN_URL = os.environ.get(
+    "OUTBOX_TEST_MYSQL_URL", "mariadb+pymysql://root@127.0.0.1:3306/test"
+)
 
 T = TypeVar("T")
 
@@ -141,17 +147,58 @@ def pg_schema(url: str) -> str:
     return options.removeprefix("-csearch_path=")
 
 
+@pytest.fixture(scope="session")
+def mysql_admin() -> Iterator[Engine]:
+    """An engine on the MariaDB server, used only to create and drop per-test databases."""
+    engine = create_engine(
+        MYSQL_ADMIN_URL,
+        isolation_level="AUTOCOMMIT",
+        pool_size=1,
+        connect_args={"connect_timeout": 5},
+    )
+    problem = None
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except Exception as exc:
+        problem = _one_line(exc)
+    if problem is not None:  # outside the except block: no chained traceback, one line
+        engine.dispose()
+        pytest.fail(
+            f"MariaDB is not reachable at {MYSQL_ADMIN_URL} ({problem}); "
+            "start it with scripts/ensure-services.sh",
+            pytrace=False,
+        )
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def mysql_url(mysql_admin: Engine) -> Iterator[str]:
+    """A SQLAlchemy URL on a MariaDB database of this test's own."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with mysql_admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    yield make_url(MYSQL_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    with mysql_admin.connect() as conn:
+        # Fail rather than hang if something the test started still holds a lock in it.
+        conn.exec_driver_sql("SET SESSION lock_wait_timeout = 10")
+        conn.exec_driver_sql(f"DROP DATABASE `{name}`")
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """A SQLAlchemy URL on a SQLite file in this test's tmp_path."""
     return f"sqlite:///{tmp_path / 'test.db'}"
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+DB_FIXTURES = {"postgresql": "pg_url", "mariadb": "mysql_url", "sqlite": "sqlite_url"}
+
+
+@pytest.fixture(params=list(DB_FIXTURES))
 def db_url(request: pytest.FixtureRequest) -> str:
-    """`pg_url` or `sqlite_url`: tests using it run once on each database."""
-    name = "pg_url" if request.param == "postgresql" else "sqlite_url"
-    return str(request.getfixturevalue(name))
+    """`pg_url`, `mysql_url` or `sqlite_url`: tests using it run once on each database."""
+    return str(request.getfixturevalue(DB_FIXTURES[request.param]))
 
 
 def make_app_engine(url: str) -> Engine:

@@ -19,12 +19,12 @@ import datetime as dt
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Delete, Engine, any_, delete, func, select
+from sqlalchemy import Connection, Delete, Engine, any_, delete, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from outbox.errors import InvalidOption
-from outbox.schema import inbox
+from outbox.schema import MYSQL, inbox
 
 T = TypeVar("T")
 
@@ -33,6 +33,9 @@ _INSERT = {
     "postgresql": postgresql.insert(inbox).on_conflict_do_nothing().returning(inbox.c.consumer),
     "sqlite": sqlite.insert(inbox).on_conflict_do_nothing().returning(inbox.c.consumer),
 }
+# MySQL and MariaDB: IGNORE skips the duplicate and its rowcount says whether a row went in (the
+# values are checked above, so nothing else it would forgive can happen).
+_INSERT_IGNORE = insert(inbox).prefix_with("IGNORE")
 
 
 def process_once(db: Session | Connection, *, consumer: str, message_id: str) -> bool:
@@ -42,10 +45,14 @@ def process_once(db: Session | Connection, *, consumer: str, message_id: str) ->
     if len(consumer) > 255 or len(message_id) > 255:
         raise InvalidOption("consumer names and message ids are at most 255 characters")
     conn = db.connection() if isinstance(db, Session) else db
+    row = {"consumer": consumer, "message_id": message_id, "processed_at": _now()}
+    if conn.dialect.name in MYSQL:
+        return conn.execute(_INSERT_IGNORE, row).rowcount == 1
     statement: Any = _INSERT.get(conn.dialect.name)
     if statement is None:
-        raise InvalidOption(f"the inbox supports PostgreSQL and SQLite, not {conn.dialect.name}")
-    row = {"consumer": consumer, "message_id": message_id, "processed_at": _now()}
+        raise InvalidOption(
+            f"the inbox supports PostgreSQL, MySQL/MariaDB and SQLite, not {conn.dialect.name}"
+        )
     return conn.execute(statement, row).first() is not None
 
 
@@ -94,6 +101,14 @@ def _delete_batch(
         .where(inbox.c.consumer == consumer, inbox.c.processed_at < cutoff)
         .limit(batch_size)
     )
+    if bind.dialect.name in MYSQL:
+        # MySQL reads no LIMIT in an IN subquery, nor the table it deletes from: the DELETE
+        # takes the bound itself, along the same index.
+        return (
+            delete(inbox)
+            .where(inbox.c.consumer == consumer, inbox.c.processed_at < cutoff)
+            .with_dialect_options(mysql_limit=batch_size, mariadb_limit=batch_size)
+        )
     chosen: Any = inbox.c.message_id.in_(victims)
     if bind.dialect.name == "postgresql":
         # SKIP LOCKED: two instances of one consumer purge at once without waiting on each

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from outbox.dberrors import DbFailure, classify_db_error, is_conflict
+from outbox.dberrors import DbFailure, classify_db_error, is_conflict, sqlstate_of
 
 
 class Retry(Exception):
@@ -140,7 +140,7 @@ def database_unavailable(exc: BaseException) -> bool:
         return False
     if exc.connection_invalidated:
         return True
-    sqlstate = getattr(exc.orig, "sqlstate", None)
+    sqlstate = sqlstate_of(exc.orig)
     if sqlstate is None:
         return isinstance(exc, OperationalError)
     if is_conflict(sqlstate):
@@ -153,4 +153,4 @@ def transaction_conflict(exc: BaseException) -> bool:
     that is still good: running it again is likely to succeed."""
     if not isinstance(exc, DBAPIError) or exc.connection_invalidated:
         return False
-    return is_conflict(getattr(exc.orig, "sqlstate", None))
+    return is_conflict(sqlstate_of(exc.orig))

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    Connection,
     Engine,
     Uuid,
     and_,
@@ -31,12 +32,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
+from outbox.dberrors import sqlstate_of
 from outbox.migrate import upgrade
-from outbox.schema import attempt, message
+from outbox.schema import MYSQL, attempt, message
 from outbox.states import State
 from relay.core.retention import FAILED_STATES
 from relay.errors import MigrationDenied
-from relay.store import postgres, sqlite
+from relay.store import mysql, postgres, sqlite
 from relay.store.databases import dialect_for
 from relay.store.dialect import TIME
 from relay.store.retention import cutoff_id
@@ -410,14 +412,9 @@ def _transition(
     row it changed, in one transaction."""
     if not ids:
         return []
-    stmt = (
-        update(message)
-        .where(message.c.id.in_(list(ids)), message.c.state.in_(list(from_states)))
-        .values(**values)
-        .returning(message.c.id, message.c.attempts)
-    )
+    guard = (message.c.id.in_(list(ids)), message.c.state.in_(list(from_states)))
     with engine.begin() as conn:
-        changed = conn.execute(stmt).all()
+        changed = _update_returning(conn, guard, values)
         if changed and outcome in ("cancelled", "discarded"):
             # A cancelled or discarded head frees its key: unpark the next message now rather
             # than at the relay's next sweep (with dead heads still holding their keys: the
@@ -443,6 +440,24 @@ def _transition(
                 ],
             )
     return [uuid.UUID(str(i)) for i, _ in changed]
+
+
+def _update_returning(
+    conn: Connection, guard: tuple[ColumnElement[bool], ...], values: dict[str, Any]
+) -> list[tuple[Any, int]]:
+    """UPDATE the rows `guard` picks; return (id, attempts) of each, as changed. MySQL has no
+    UPDATE ... RETURNING: the rows are locked and listed first (FOR UPDATE, in the caller's
+    transaction, so the UPDATE changes exactly those), then read back."""
+    m = message.c
+    if conn.dialect.update_returning:
+        stmt = update(message).where(*guard).values(**values).returning(m.id, m.attempts)
+        return [(i, n) for i, n in conn.execute(stmt)]
+    seqs = list(conn.execute(select(m.seq).where(*guard).with_for_update()).scalars())
+    if not seqs:
+        return []
+    conn.execute(update(message).where(m.seq.in_(seqs)).values(**values))
+    changed = select(m.id, m.attempts).where(m.seq.in_(seqs)).order_by(m.seq)
+    return [(i, n) for i, n in conn.execute(changed)]
 
 
 def per_exchange(engine: Engine, now: dt.datetime) -> list[dict[str, Any]]:
@@ -473,6 +488,8 @@ def per_exchange(engine: Engine, now: dt.datetime) -> list[dict[str, Any]]:
 _PER_MINUTE = {
     postgres.Postgres.name: (postgres.PUBLISHED_PER_MINUTE, postgres.FAILED_PER_MINUTE),
     sqlite.Sqlite.name: (sqlite.PUBLISHED_PER_MINUTE, sqlite.FAILED_PER_MINUTE),
+    mysql.Mysql.name: (mysql.PUBLISHED_PER_MINUTE, mysql.FAILED_PER_MINUTE),
+    mysql.Mariadb.name: (mysql.PUBLISHED_PER_MINUTE, mysql.FAILED_PER_MINUTE),
 }
 
 
@@ -522,9 +539,16 @@ def migrate(engine: Engine) -> int:
     try:
         return upgrade(engine)
     except DBAPIError as exc:
-        sqlstate = getattr(exc.orig, "sqlstate", None)
+        sqlstate = sqlstate_of(exc.orig)
         if sqlstate not in (_INSUFFICIENT_PRIVILEGE, _NO_SCHEMA):
             raise
+        if engine.dialect.name in MYSQL:  # the server's message names the privilege and user
+            said = exc.orig.args[-1] if exc.orig is not None and exc.orig.args else exc
+            first = str(said).splitlines()[0]
+            raise MigrationDenied(
+                f"{first}: migrate needs CREATE, ALTER, INDEX and DROP on the database "
+                "(GRANT ... ON db.* TO ...), or run it as the tables' owner"
+            ) from exc
         raise MigrationDenied(_missing_privilege(engine, exc, sqlstate)) from exc
 
 

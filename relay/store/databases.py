@@ -10,10 +10,11 @@ from sqlalchemy.exc import ArgumentError
 
 from relay.errors import ConfigError
 from relay.store.dialect import Dialect
+from relay.store.mysql import Mariadb, Mysql
 from relay.store.postgres import Postgres
 from relay.store.sqlite import Sqlite
 
-DIALECTS: dict[str, type[Dialect]] = {d.name: d for d in (Postgres, Sqlite)}
+DIALECTS: dict[str, type[Dialect]] = {d.name: d for d in (Postgres, Mysql, Mariadb, Sqlite)}
 
 
 def database_url(raw: str) -> URL:
@@ -30,7 +31,7 @@ def database_url(raw: str) -> URL:
     backend = url.get_backend_name()
     dialect = DIALECTS.get(backend)
     if dialect is None:
-        names = " or ".join(DIALECTS)
+        names = ", ".join(list(DIALECTS)[:-1]) + f" or {list(DIALECTS)[-1]}"
         raise ConfigError(f"unsupported database {backend!r} (use {names})")
     if url.drivername == backend and dialect.bare_url_driver is not None:
         url = url.set(drivername=f"{backend}+{dialect.bare_url_driver}")

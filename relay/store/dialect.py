@@ -1,8 +1,8 @@
 """What SqlStore needs from a database: its statements, by name, and the few behaviours where
 databases truly differ.
 
-postgres.py and sqlite.py each define a Dialect; databases.py maps a URL to one. Another database
-(MySQL) is a module beside them and a line in databases.py: SqlStore does not change.
+postgres.py, mysql.py and sqlite.py each define a Dialect; databases.py maps a URL to one. Another
+database is a module beside them and a line in databases.py: SqlStore does not change.
 
 Every dialect's statements keep these conventions, so SqlStore binds the same values everywhere:
 
@@ -11,7 +11,8 @@ Every dialect's statements keep these conventions, so SqlStore binds the same va
 - Durations are bound in seconds (`:lease_seconds`, `:delay_seconds`, `:within`) and added to
   the time in SQL.
 - Lists (`:seqs`, `:tokens`, `:exclude`, `:states`) are bound as `bind_list` makes them; a UUID
-  in a list is its 32 hex digits.
+  in a list is its 32 hex digits. A dialect that names them in `lists` gets them as SQLAlchemy's
+  expanding parameters (`seq IN :seqs` in its text).
 - A statement that changes a leased row names `lease_token = :token AND state = 'in_flight'` in
   its WHERE clause: a relay whose lease expired (and was taken over) changes nothing.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -38,7 +39,6 @@ from sqlalchemy import (
     String,
     TextClause,
     TextualSelect,
-    Uuid,
     bindparam,
     text,
 )
@@ -46,6 +46,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import TypeEngine
 
+from outbox.schema import UUID
 from relay.store import common
 
 TIME = DateTime(timezone=True)
@@ -54,10 +55,10 @@ TIME = DateTime(timezone=True)
 # statement of every dialect. Others (numbers, text, lists) go to the driver as they are.
 _BIND_TYPES: Mapping[str, TypeEngine[Any]] = {
     "now": TIME,
-    "token": Uuid(),
-    "message_id": Uuid(),
-    "after_id": Uuid(),
-    "cutoff_id": Uuid(),
+    "token": UUID,
+    "message_id": UUID,
+    "after_id": UUID,
+    "cutoff_id": UUID,
     "cutoff": TIME,
     "open_until": TIME,
     "probe_until": TIME,
@@ -72,7 +73,7 @@ _BIND = re.compile(r"(?<![:\w]):(\w+)")
 # Result columns whose driver value needs converting (SQLite returns times as text, UUIDs as hex).
 CLAIMED_COLUMNS: Mapping[str, TypeEngine[Any]] = {
     "seq": BigInteger(),
-    "id": Uuid(),
+    "id": UUID,
     "exchange": String(),
     "routing_key": String(),
     "payload": LargeBinary(),
@@ -113,14 +114,18 @@ RELAY_COLUMNS: Mapping[str, TypeEngine[Any]] = {
 Compiled = TextClause | TextualSelect
 
 
-def compile_sql(sql: str, columns: Mapping[str, TypeEngine[Any]] | None = None) -> Compiled:
-    """A statement ready to run many times: its binds typed by name, its result columns typed.
+def compile_sql(
+    sql: str, columns: Mapping[str, TypeEngine[Any]] | None = None, *, lists: Collection[str] = ()
+) -> Compiled:
+    """A statement ready to run many times: its binds typed by name (those named in `lists`
+    expanding), its result columns typed.
 
     Built once per dialect, never per call: the claim and mark statements run thousands of times
     a second, and parsing the text and typing its binds each time would show."""
     names = set(_BIND.findall(sql))
     clause = text(sql)
     typed = [bindparam(n, type_=t) for n, t in _BIND_TYPES.items() if n in names]
+    typed += [bindparam(n, expanding=True) for n in lists if n in names]
     if typed:
         clause = clause.bindparams(*typed)
     return clause.columns(**columns) if columns else clause
@@ -161,24 +166,33 @@ class Statements:
         relays: str,
         pending_summary: str,
         count_eligible: str,
+        ensure_resource: str = common.ENSURE_RESOURCE,
+        unpark_sweep: str | None = None,
+        lists: Collection[str] = (),
     ) -> Statements:
-        """A dialect's own texts compiled, beside the texts every dialect shares (common.py)."""
+        """A dialect's own texts compiled, beside the texts every dialect shares (common.py);
+        a dialect whose SQL differs passes its own `ensure_resource` and `unpark_sweep`, and
+        the list binds it expands (`lists`)."""
+
+        def sql(text: str, columns: Mapping[str, TypeEngine[Any]] | None = None) -> Compiled:
+            return compile_sql(text, columns, lists=lists)
+
         return cls(
-            has_ready=compile_sql(has_ready),
-            release=compile_sql(release),
-            extend_leases=compile_sql(extend_leases),
-            unpark_sweep=compile_sql(common.unpark_sweep(blocking=blocking)),
-            resources=compile_sql(common.LIST_RESOURCES, RESOURCE_COLUMNS),
-            ensure_resource=compile_sql(common.ENSURE_RESOURCE),
-            lock_resource=compile_sql(lock_resource, LOCKED_RESOURCE_COLUMNS),
-            update_resource=compile_sql(common.UPDATE_RESOURCE),
-            heartbeat=compile_sql(heartbeat),
-            forget_relay=compile_sql(common.FORGET_RELAY),
-            relays=compile_sql(relays, RELAY_COLUMNS),
-            count_by_state=compile_sql(common.COUNT_BY_STATE),
-            pending_summary=compile_sql(pending_summary),
-            count_eligible=compile_sql(count_eligible),
-            ping=compile_sql(common.PING),
+            has_ready=sql(has_ready),
+            release=sql(release),
+            extend_leases=sql(extend_leases),
+            unpark_sweep=sql(unpark_sweep or common.unpark_sweep(blocking=blocking)),
+            resources=sql(common.LIST_RESOURCES, RESOURCE_COLUMNS),
+            ensure_resource=sql(ensure_resource),
+            lock_resource=sql(lock_resource, LOCKED_RESOURCE_COLUMNS),
+            update_resource=sql(common.UPDATE_RESOURCE),
+            heartbeat=sql(heartbeat),
+            forget_relay=sql(common.FORGET_RELAY),
+            relays=sql(relays, RELAY_COLUMNS),
+            count_by_state=sql(common.COUNT_BY_STATE),
+            pending_summary=sql(pending_summary),
+            count_eligible=sql(count_eligible),
+            ping=sql(common.PING),
         )
 
 
@@ -207,12 +221,15 @@ class Dialect(ABC):
     # Whether the store binds the application's clock as :now: true where `enqueue` writes the
     # application's time (SQLite), so a row it has just written is already due to the store.
     app_clock: ClassVar[bool] = False
+    # The SQL expression of a row's resource part, per scope (common.RESOURCE_PARTS' texts,
+    # where the database concatenates with ||).
+    resource_parts: ClassVar[Mapping[str, str]] = common.RESOURCE_PARTS
 
     def __init__(self, *, hold: bool = True, scope: str = "exchange") -> None:
         if scope not in common.RESOURCE_PARTS:
             raise ValueError(f"scope must be one of {sorted(common.RESOURCE_PARTS)}, not {scope!r}")
         blocking = common.blocking_states(hold=hold)
-        self.sql = self._prepare(blocking=blocking, resource=common.RESOURCE_PARTS[scope])
+        self.sql = self._prepare(blocking=blocking, resource=self.resource_parts[scope])
 
     @abstractmethod
     def _prepare(self, *, blocking: str, resource: str) -> Statements:
@@ -233,6 +250,12 @@ class Dialect(ABC):
         """create_engine's arguments for a relay engine of this database (statement_timeout in
         seconds, None for none)."""
         return {}
+
+    @classmethod
+    def timeout_sql(cls, dbapi_conn: Any) -> str | None:
+        """`statement_timeout` for the server behind a new driver connection (MySQL and
+        MariaDB name their setting apart)."""
+        return cls.statement_timeout
 
     @classmethod
     def pooled(cls, dbapi_conn: Any) -> str | None:

@@ -18,6 +18,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from outbox.dberrors import sqlstate_of
 from outbox.encoding import load_stored_json
 from outbox.migrate import current_version, inspect_schema
 from outbox.schema import is_missing_table
@@ -372,7 +373,7 @@ def translate_db_error(engine: Engine, exc: DBAPIError) -> RelayError | None:
         return SchemaNotFound(
             "the outbox tables do not exist in this database: run `outbox-relay migrate`"
         )
-    if getattr(exc.orig, "sqlstate", None) == "42501":  # insufficient_privilege
+    if sqlstate_of(exc.orig) == "42501":  # insufficient_privilege
         # A role without a grant it needs (relay/store/grants.py); the CLI names which.
         return PermissionDenied(_first_line(exc))
     if DIALECTS[engine.dialect.name].is_transient(exc) or exc.connection_invalidated:
@@ -405,7 +406,7 @@ def _first_line(exc: SQLAlchemyError) -> str:
 
 def _describe(engine: Engine, exc: DBAPIError) -> str:
     first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-    sqlstate = getattr(exc.orig, "sqlstate", None)
+    sqlstate = sqlstate_of(exc.orig)
     what = "is not reachable" if sqlstate is None or sqlstate.startswith("08") else "failed"
     return f"database {engine.url.render_as_string(hide_password=True)} {what}: {first}"
 
@@ -463,7 +464,7 @@ def make_engine(
             for statement in dialect.on_connect:
                 cursor.execute(statement)
             if timeout_sql:
-                cursor.execute(timeout_sql, (ms,))
+                cursor.execute(dialect.timeout_sql(dbapi_conn) or timeout_sql, (ms,))
             cursor.close()
 
         event.listen(engine, "connect", session_settings)

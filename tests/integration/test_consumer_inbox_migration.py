@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine, delete, func, insert, inspect, select
+from sqlalchemy.schema import DropIndex
 
 import outbox
 from outbox.migrate import current_version
@@ -31,7 +32,10 @@ def inbox_indexes(engine: Engine) -> dict[str, list[str | None]]:
 def as_version_5(engine: Engine) -> None:
     """Turn a freshly created schema back into what version 5 created."""
     with engine.begin() as conn:
-        conn.exec_driver_sql("DROP INDEX outbox_inbox_consumer_processed_idx")
+        per_consumer = next(
+            ix for ix in inbox.indexes if ix.name == "outbox_inbox_consumer_processed_idx"
+        )
+        conn.execute(DropIndex(per_consumer))  # each database's own words (MySQL: ... ON table)
         conn.exec_driver_sql(
             "CREATE INDEX outbox_inbox_processed_idx ON outbox_inbox (processed_at)"
         )

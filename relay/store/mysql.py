@@ -1,0 +1,541 @@
+"""Every statement the relay runs on MySQL 8.0+ and MariaDB 10.6+, named and commented. Values are
+always bound.
+
+These servers have SKIP LOCKED but neither UPDATE ... RETURNING nor data-modifying CTEs, and
+MySQL cannot UPDATE a table it reads in a subquery of the same statement. So what is one
+statement on PostgreSQL (postgres.py, where each statement's reasons are given) is a few here,
+in one short READ COMMITTED transaction: a locking read (FOR UPDATE, SKIP LOCKED where relays
+compete) picks the rows, then plain UPDATEs by primary key change them. The row locks, held to
+the COMMIT, are what keep two relays off the same row. READ COMMITTED, not the server's default
+REPEATABLE READ: that would lock the gaps between the index entries a claim reads, and an
+application's INSERT into such a gap would wait for the claim, or deadlock with it.
+
+Times are DATETIME(6) in UTC: NOW is :now when a test froze time, else UTC_TIMESTAMP(6), the
+server's clock (enqueue stamps rows with it too, so the relay and the application agree).
+Durations are bound in seconds and added as microseconds.
+
+Lists are bound as SQLAlchemy's expanding parameters (`seq IN :seqs` becomes `seq IN (1, 2, 3)`):
+primary-key lookups every server plans well. `key` is a reserved word here: unqualified, it is
+quoted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pymysql.converters
+from sqlalchemy import BigInteger, Connection, Integer, String
+from sqlalchemy.exc import DBAPIError
+
+from outbox.dberrors import DbFailure, classify_db_error, sqlstate_of
+from outbox.schema import UUID
+from relay.store import common
+from relay.store.dialect import (
+    CLAIMED_COLUMNS,
+    TIME,
+    Dialect,
+    Statements,
+    compile_sql,
+)
+
+NOW = "coalesce(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))"
+
+
+def _plus(seconds: str, base: str = NOW) -> str:
+    """`base` plus a bound number of seconds (microsecond precision)."""
+    return f"TIMESTAMPADD(MICROSECOND, ROUND(:{seconds} * 1000000), {base})"
+
+
+# The lists bound as expanding parameters, in every statement here.
+LISTS = ("seqs", "tokens", "exclude", "states", "keys", "ids")
+
+# `exchange || '/' || routing_key` is a logical OR here.
+RESOURCE_PARTS: Mapping[str, str] = {
+    "broker": "''",
+    "exchange": "exchange",
+    "routing_key": "CONCAT(exchange, '/', routing_key)",
+}
+
+# ------------------------------------------------------------------------ per-key order
+
+
+def is_head(row: str, *, blocking: str) -> str:
+    """common.is_head in the form MySQL runs in constant time: per blocking state, the key's
+    first row in that state (one probe of outbox_message_key_state_idx, read in seq order and
+    stopped at once), earlier than `row` or not. As one NOT EXISTS over the states, MySQL and
+    MariaDB read every row of the key, published ones included."""
+    probes = [
+        f"""coalesce((SELECT e.seq FROM outbox_message AS e
+                  FORCE INDEX (outbox_message_key_state_idx)
+                  WHERE e.key = {row}.key AND e.state = {state}
+                  ORDER BY e.seq LIMIT 1), {row}.seq) >= {row}.seq"""  # noqa: S608
+        for state in (s.strip() for s in blocking.split(","))
+    ]
+    return "(" + "\n    AND ".join(probes) + ")"
+
+
+# ------------------------------------------------------------------------ claiming
+
+# The candidates, best first, locked: ready rows in claim order, keyed and unkeyed together, read
+# along outbox_message_claim_idx (outbox/migrate.py). SKIP LOCKED: a row another relay is claiming
+# right now is not a candidate. A keyed row becomes a head or is parked (HEADS, PARK), as on
+# PostgreSQL; at most :scan rows are looked at.
+_CANDIDATES = """
+SELECT seq, `key`, lease_expires_at IS NOT NULL AS suspect
+FROM outbox_message FORCE INDEX (outbox_message_claim_idx)
+WHERE state = 'pending' AND held = false AND available_at <= {now} {filter}
+ORDER BY priority DESC, available_at, seq
+LIMIT :scan
+FOR UPDATE SKIP LOCKED
+"""
+_RESOURCE_FILTER = """
+  AND {resource} NOT IN :exclude
+  AND (:only IS NULL OR {resource} = :only)"""
+
+# Which of the keyed candidates have nothing earlier of their key in a blocking state: a plain
+# read (the latest committed rows), probing outbox_message_key_state_idx (is_head).
+_HEADS = """
+SELECT m.seq FROM outbox_message AS m
+WHERE m.seq IN :seqs AND {head}
+"""
+
+PARK = "UPDATE outbox_message SET held = true WHERE seq IN :seqs"
+
+# The chosen rows, locked since _CANDIDATES. :suspect as in postgres._CLAIM.
+CLAIM = f"""
+UPDATE outbox_message
+SET state = 'in_flight',
+    attempts = attempts + 1,
+    lease_owner = :owner,
+    lease_token = :token,
+    lease_expires_at = {_plus("lease_seconds")},
+    last_error = CASE WHEN :suspect THEN :alone ELSE last_error END
+WHERE seq IN :seqs
+"""  # noqa: S608 - a time expression constant; every value is bound
+
+CLAIMED = """
+SELECT seq, id, exchange, routing_key, payload, content_type, headers, `key`,
+       priority, attempts, max_attempts, available_at, created_at, traceparent,
+       tracestate, :suspect AS suspect
+FROM outbox_message WHERE seq IN :seqs
+"""
+
+# See postgres.py.
+_HAS_READY = f"""
+SELECT EXISTS (
+    SELECT 1 FROM outbox_message
+    WHERE state = 'pending' AND held = false AND available_at <= {NOW} AND {{resource}} = :only
+)
+"""  # noqa: S608
+
+# ------------------------------------------------------------------------ settling
+
+# The keys of the rows about to be marked (read before MARK_PUBLISHED clears their lease).
+KEYS_OF = """
+SELECT DISTINCT `key` FROM outbox_message
+WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight' AND `key` IS NOT NULL
+"""
+
+# Lease-guarded: see postgres.MARK_PUBLISHED.
+MARK_PUBLISHED = f"""
+UPDATE outbox_message
+SET state = 'published', published_at = {NOW}, last_error = NULL,
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight'
+"""  # noqa: S608
+
+# The next message of each of :keys, unparked if it is parked: the key's first pending row (one
+# index probe per key), not its first parked one, which would need every pending row of the key
+# read. If the first pending row is not parked, the key's next message is already claimable and
+# nothing changes. The derived table is materialised (it groups), which is what lets MySQL
+# update the table it reads.
+UNPARK_NEXT = """
+UPDATE outbox_message AS m
+JOIN (
+    SELECT min(seq) AS seq FROM outbox_message
+    WHERE `key` IN :keys AND state = 'pending'
+    GROUP BY `key`
+) AS n ON m.seq = n.seq
+SET m.held = false
+WHERE m.held
+"""
+
+# See postgres.RELEASE.
+RELEASE = f"""
+UPDATE outbox_message
+SET state = 'pending', available_at = {_plus("delay_seconds")},
+    attempts = greatest(attempts - 1, 0),
+    lease_expires_at = CASE WHEN last_error = :alone THEN {NOW} END,
+    last_error = :error, lease_owner = NULL, lease_token = NULL
+WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight'
+"""  # noqa: S608
+
+# See postgres.EXTEND_LEASES. :tokens are UUIDs as stored (32 hex digits).
+EXTEND_LEASES = f"""
+UPDATE outbox_message
+SET lease_expires_at = {_plus("lease_seconds")}
+WHERE lease_token IN :tokens AND state = 'in_flight'
+"""  # noqa: S608
+
+# Failed attempts (see postgres.SETTLE_FAILURES): the rows this lease still holds, locked, then
+# SETTLE_ONE for each and one RECORD_ATTEMPT for them all.
+HELD = """
+SELECT seq, id, attempts FROM outbox_message
+WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight'
+FOR UPDATE
+"""
+
+SETTLE_ONE = f"""
+UPDATE outbox_message
+SET state = :state,
+    available_at = coalesce(CAST(:available_at AS DATETIME(6)), available_at),
+    attempts = attempts - :unburn,
+    last_error = :error,
+    last_failed_at = {NOW},
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE seq = :seq
+"""  # noqa: S608
+
+RECORD_ATTEMPT = f"""
+INSERT INTO outbox_attempt
+    (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
+VALUES (:message_id, :attempt, {NOW}, :relay_id, :failure_class, :outcome, :error, :next_at)
+"""  # noqa: S608
+
+# Expired leases: see postgres._RECLAIM (who is charged, suspects). The rows, locked (SKIP
+# LOCKED: two relays reclaiming at once take disjoint rows), then one UPDATE of them all, then
+# their new values read back for the attempt records. {where} and {error} as there.
+_RECLAIMABLE = """
+SELECT seq FROM outbox_message
+WHERE state = 'in_flight' AND {where}
+FOR UPDATE SKIP LOCKED
+"""
+_ALONE = "last_error = :alone"
+_RECLAIM = f"""
+UPDATE outbox_message
+SET state = CASE WHEN {_ALONE} AND attempts >= coalesce(max_attempts, :max_attempts)
+                 THEN 'dead' ELSE 'pending' END,
+    attempts = CASE WHEN {_ALONE} THEN attempts ELSE greatest(attempts - 1, 0) END,
+    last_error = {{error}},
+    last_failed_at = {NOW},
+    lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
+WHERE seq IN :seqs
+"""  # noqa: S608 - constants; every value is bound
+# MySQL assigns SET's columns left to right, each seeing the ones before: state and attempts
+# read last_error before it changes, and so does this read of who was alone (done first).
+_ALONE_AMONG = f"SELECT seq FROM outbox_message WHERE seq IN :seqs AND {_ALONE}"  # noqa: S608
+RECLAIMED = """
+SELECT seq, id, attempts, last_error, state, last_failed_at FROM outbox_message
+WHERE seq IN :seqs
+"""
+_EXPIRED = f"lease_expires_at < {NOW}"
+_EXPIRED_ERROR = (
+    "CONCAT('lease held by ', coalesce(lease_owner, '?'), ' expired before it settled')"
+)
+
+# ------------------------------------------------------------------------ resources, relays
+
+# Under the row lock (inside Dialect.transaction), with the server's time.
+LOCK_RESOURCE = f"""
+SELECT {common.RESOURCE_COLUMNS}, {NOW} AS now
+FROM outbox_resource WHERE resource = :resource FOR UPDATE
+"""  # noqa: S608
+
+# ON DUPLICATE KEY UPDATE of nothing, not INSERT IGNORE: IGNORE would also cut a name longer than
+# the column down to size, silently, and two such names would share one row.
+ENSURE_RESOURCE = """
+INSERT INTO outbox_resource (resource) VALUES (:resource)
+ON DUPLICATE KEY UPDATE resource = resource
+"""
+
+HEARTBEAT = f"""
+INSERT INTO outbox_relay (relay_id, started_at, last_seen) VALUES (:relay_id, {NOW}, {NOW})
+ON DUPLICATE KEY UPDATE last_seen = VALUES(last_seen)
+"""  # noqa: S608
+
+RELAYS = f"""
+SELECT relay_id, started_at, last_seen FROM outbox_relay
+WHERE last_seen > TIMESTAMPADD(MICROSECOND, -ROUND(:within * 1000000), {NOW})
+ORDER BY relay_id
+"""  # noqa: S608
+
+# See postgres.PENDING_SUMMARY; the age in seconds, to the microsecond.
+PENDING_SUMMARY = f"""
+SELECT coalesce(sum(available_at <= {NOW}), 0),
+       coalesce(sum(available_at > {NOW}), 0),
+       TIMESTAMPDIFF(MICROSECOND,
+                     min(CASE WHEN available_at <= {NOW} THEN available_at END), {NOW}) / 1e6
+FROM outbox_message
+WHERE state = 'pending'
+"""  # noqa: S608
+
+# See common.unpark_sweep: the same heads (is_head), through a materialised derived table (see
+# UNPARK_NEXT).
+_UNPARK_SWEEP = """
+UPDATE outbox_message AS t
+JOIN (
+    SELECT f.seq FROM (
+        SELECT `key`, min(seq) AS seq FROM outbox_message
+        WHERE state = 'pending' AND held AND `key` IS NOT NULL
+        GROUP BY `key`
+    ) AS f
+    WHERE {head}
+) AS u ON t.seq = u.seq
+SET t.held = false
+"""
+
+# ------------------------------------------------------------------------ the console's charts
+
+# See common.py. A time's minute as text, in the form SQLite's is ('YYYY-MM-DD HH:MM', UTC).
+_MINUTE = "DATE_FORMAT({column}, '%Y-%m-%d %H:%i')"
+PUBLISHED_PER_MINUTE = common.PUBLISHED_PER_MINUTE.format(
+    minute=_MINUTE.format(column="published_at")
+)
+FAILED_PER_MINUTE = common.FAILED_PER_MINUTE.format(minute=_MINUTE.format(column="at"))
+
+# ------------------------------------------------------------------------ retention
+
+# See postgres.py; greatest() is NULL if any argument is, hence the coalesce.
+_ELIGIBLE = common.ELIGIBLE.format(
+    state_in="state IN :states",
+    failed_at="greatest(created_at, coalesce(last_failed_at, created_at), "
+    "coalesce(replayed_at, created_at))",
+)
+
+# A batch: the rows, locked (SKIP LOCKED as on PostgreSQL: a row an operator is replaying, or
+# another purge has, is passed over), then both DELETEs, in one transaction. The locking read
+# sees the latest committed rows (READ COMMITTED), so a row replayed to pending is not taken.
+DOOMED = f"""
+SELECT seq, id FROM outbox_message
+WHERE {_ELIGIBLE}
+ORDER BY id
+LIMIT :batch_size
+FOR UPDATE SKIP LOCKED
+"""  # noqa: S608
+PURGE_MESSAGES = "DELETE FROM outbox_message WHERE seq IN :seqs"
+PURGE_ATTEMPTS = "DELETE FROM outbox_attempt WHERE message_id IN :ids"
+
+COUNT_ELIGIBLE = f"SELECT count(*) FROM outbox_message WHERE {_ELIGIBLE}"  # noqa: S608
+
+# ------------------------------------------------------------------------ the connection
+
+# A statement timeout, in milliseconds as text: MariaDB's covers every statement, MySQL's
+# (max_execution_time) only SELECTs.
+MARIADB_TIMEOUT = "SET SESSION max_statement_time = CAST(%s AS DECIMAL(12, 3)) / 1000"
+MYSQL_TIMEOUT = "SET SESSION max_execution_time = CAST(%s AS UNSIGNED)"
+
+
+def _utc_datetime(value: dt.datetime, mapping: Any = None) -> str:
+    """A datetime as the server reads it: UTC. PyMySQL writes a datetime's digits and drops its
+    offset, so an aware time from another zone would be stored hours off."""
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return str(pymysql.converters.escape_datetime(value, mapping))
+
+
+# PyMySQL's conversions, with that one change.
+CONVERSIONS: dict[Any, Any] = {**pymysql.converters.conversions, dt.datetime: _utc_datetime}
+
+
+class Mysql(Dialect):
+    name = "mysql"
+    drivers = ("pymysql",)
+    # A bare mysql:// would be mysqlclient, which needs a C client library to build.
+    bare_url_driver = "pymysql"
+    # The row lock comes from FOR UPDATE; START TRANSACTION only keeps it to the COMMIT.
+    begin = "START TRANSACTION"
+    # See the module's docstring. time_zone: what little the server computes in local time
+    # (NOW(), a TIMESTAMP column) is UTC too.
+    on_connect = (
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        "SET SESSION time_zone = '+00:00'",
+    )
+    statement_timeout = MARIADB_TIMEOUT
+    resource_parts = RESOURCE_PARTS
+
+    def _prepare(self, *, blocking: str, resource: str) -> Statements:
+        def sql(text: str, columns: Mapping[str, Any] | None = None) -> Any:
+            return compile_sql(text, columns, lists=LISTS)
+
+        where = _RESOURCE_FILTER.format(resource=resource)
+        self._candidates = sql(_CANDIDATES.format(now=NOW, filter=where))
+        self._heads = sql(_HEADS.format(head=is_head("m", blocking=blocking)))
+        self._park = sql(PARK)
+        self._claim = sql(CLAIM)
+        self._claimed = sql(CLAIMED, CLAIMED_COLUMNS)
+        self._keys_of = sql(KEYS_OF)
+        self._mark = sql(MARK_PUBLISHED)
+        self._unpark_next = sql(UNPARK_NEXT)
+        self._held = sql(HELD, {"seq": BigInteger(), "id": UUID, "attempts": Integer()})
+        self._settle_one = sql(SETTLE_ONE)
+        self._record_attempt = sql(RECORD_ATTEMPT)
+        self._reclaimable = sql(_RECLAIMABLE.format(where=_EXPIRED))
+        self._abandonable = sql(_RECLAIMABLE.format(where="lease_token = :token"))
+        self._alone_among = sql(_ALONE_AMONG)
+        self._reclaim = sql(_RECLAIM.format(error=_EXPIRED_ERROR))
+        self._abandon = sql(_RECLAIM.format(error=":error"))
+        self._reclaimed = sql(
+            RECLAIMED,
+            {
+                "seq": BigInteger(),
+                "id": UUID,
+                "attempts": Integer(),
+                "last_error": String(),
+                "state": String(),
+                "last_failed_at": TIME,
+            },
+        )
+        self._doomed = sql(DOOMED)
+        self._purge_messages = sql(PURGE_MESSAGES)
+        self._purge_attempts = sql(PURGE_ATTEMPTS)
+        return Statements.compile(
+            blocking=blocking,
+            has_ready=_HAS_READY.format(resource=resource),
+            release=RELEASE,
+            extend_leases=EXTEND_LEASES,
+            lock_resource=LOCK_RESOURCE,
+            heartbeat=HEARTBEAT,
+            relays=RELAYS,
+            pending_summary=PENDING_SUMMARY,
+            count_eligible=COUNT_ELIGIBLE,
+            ensure_resource=ENSURE_RESOURCE,
+            unpark_sweep=_UNPARK_SWEEP.format(head=is_head("f", blocking=blocking)),
+            lists=LISTS,
+        )
+
+    @classmethod
+    def is_transient(cls, exc: DBAPIError) -> bool:
+        # By error number, read as a SQLSTATE (outbox/dberrors.py holds the rule).
+        return classify_db_error(sqlstate_of(exc.orig)) is DbFailure.TRANSIENT
+
+    @classmethod
+    def engine_options(
+        cls, *, pool_size: int, statement_timeout: float | None, pool_timeout: float
+    ) -> dict[str, Any]:
+        return {
+            "pool_size": pool_size,
+            "max_overflow": 2,
+            "pool_timeout": pool_timeout,
+            # The server closes a connection idle past its wait_timeout (8 hours by default):
+            # a quiet relay's pooled connection is checked before use instead of failing once.
+            "pool_pre_ping": True,
+            # Engines that open transactions (operator commands) open them READ COMMITTED too;
+            # the relay's own (autocommit) get it from on_connect.
+            "isolation_level": "READ COMMITTED",
+            "connect_args": {"connect_timeout": 5, "conv": CONVERSIONS, "charset": "utf8mb4"},
+        }
+
+    @classmethod
+    def timeout_sql(cls, dbapi_conn: Any) -> str | None:
+        version = str(getattr(dbapi_conn, "server_version", ""))
+        return MARIADB_TIMEOUT if "mariadb" in version.lower() else MYSQL_TIMEOUT
+
+    def bind_list(self, values: Iterable[Any]) -> list[Any]:
+        return [v.hex if isinstance(v, uuid.UUID) else v for v in values]
+
+    def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
+        with self.transaction(conn):
+            candidates = conn.execute(self._candidates, params).all()
+            keyed = [seq for seq, key, _ in candidates if key is not None]
+            heads = set(conn.execute(self._heads, {"seqs": keyed}).scalars()) if keyed else set()
+            ready = [(seq, sus) for seq, key, sus in candidates if key is None or seq in heads]
+            parked = [seq for seq in keyed if seq not in heads]
+            if parked:
+                conn.execute(self._park, {"seqs": parked})
+            best = ready[: params["limit"]]  # still in claim order
+            # A suspect among them is claimed alone (common.ALONE).
+            suspects = [seq for seq, suspect in best if suspect]
+            chosen = suspects[:1] or [seq for seq, _ in best]
+            if not chosen:
+                return []
+            claim = {**params, "seqs": chosen, "suspect": bool(suspects)}
+            conn.execute(self._claim, claim)
+            return conn.execute(self._claimed, claim).all()
+
+    def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
+        with self.transaction(conn):
+            keys = list(conn.execute(self._keys_of, params).scalars())
+            marked = conn.execute(self._mark, params).rowcount
+            if keys:
+                conn.execute(self._unpark_next, {"keys": keys})
+        return int(marked)
+
+    def settle_failures(
+        self, conn: Connection, settlements: Sequence[Mapping[str, Any]], params: dict[str, Any]
+    ) -> int:
+        by_seq = {s["seq"]: s for s in settlements}
+        with self.transaction(conn):
+            held = conn.execute(self._held, {**params, "seqs": list(by_seq)}).all()
+            records = []
+            for seq, message_id, attempts in held:  # the others' lease was lost
+                s = by_seq[seq]
+                conn.execute(self._settle_one, {**params, **s})
+                records.append(
+                    {
+                        **params,
+                        "message_id": message_id,
+                        "attempt": attempts,
+                        "failure_class": s["failure_class"],
+                        "outcome": s["outcome"],
+                        "error": s["error"],
+                        "next_at": s["available_at"],
+                    }
+                )
+            if records:
+                conn.execute(self._record_attempt, records)
+        return len(held)
+
+    def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
+        return self._reclaim_rows(conn, params, abandon=False)
+
+    def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
+        return self._reclaim_rows(conn, params, abandon=True)
+
+    def _reclaim_rows(self, conn: Connection, params: dict[str, Any], *, abandon: bool) -> int:
+        pick, change = (
+            (self._abandonable, self._abandon) if abandon else (self._reclaimable, self._reclaim)
+        )
+        with self.transaction(conn):
+            seqs = list(conn.execute(pick, params).scalars())
+            if not seqs:
+                return 0
+            p = {**params, "seqs": seqs}
+            alone = set(conn.execute(self._alone_among, p).scalars())
+            conn.execute(change, p)
+            rows = conn.execute(self._reclaimed, p).all()
+            records = [_reclaim_attempt(r, r.seq in alone, p) for r in rows]
+            conn.execute(self._record_attempt, records)
+        return len(rows)
+
+    def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
+        with self.transaction(conn):
+            doomed = conn.execute(self._doomed, params).all()
+            if not doomed:
+                return 0, None
+            ids = [str(i) for _, i in doomed]
+            conn.execute(self._purge_messages, {"seqs": [seq for seq, _ in doomed]})
+            conn.execute(self._purge_attempts, {"ids": ids})
+        return len(ids), uuid.UUID(max(ids))
+
+
+class Mariadb(Mysql):
+    """The same statements: SQLAlchemy names a mariadb:// URL's dialect apart."""
+
+    name = "mariadb"
+
+
+def _reclaim_attempt(r: Any, alone: bool, p: Mapping[str, Any]) -> dict[str, Any]:
+    """The attempt record of a reclaimed row (see postgres._RECLAIM)."""
+    dead = r.state == "dead"
+    return {
+        **p,
+        "message_id": r.id,
+        "attempt": r.attempts if alone else r.attempts + 1,
+        "failure_class": "ambiguous",
+        "outcome": "dead" if dead else "retry" if alone else "deferred",
+        "error": r.last_error,
+        "next_at": None if dead else r.last_failed_at,
+    }
