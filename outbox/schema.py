@@ -61,7 +61,7 @@ _MY = ("mysql", "mariadb")
 _Bytes = LargeBinary().with_variant(postgresql.BYTEA(), "postgresql")
 _Bytes = _Bytes.with_variant(mysql.LONGBLOB(), *_MY)
 _Time = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *_MY)
-UUID = Uuid().with_variant(Uuid(native_uuid=False), "mariadb")
+UUID = Uuid().with_variant(Uuid(native_uuid=False), *_MY)
 # Binary collation: keys, idempotency keys, exchange names and inbox ids compare byte for byte
 # (a case-insensitive collation would make "A" and "a" one idempotency key); utf8mb4, so any
 # text fits. InnoDB: row locks and SKIP LOCKED.

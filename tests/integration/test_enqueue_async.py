@@ -34,7 +34,7 @@ from tests.conftest import Broker, RelayFactory, make_app_engine, pg_schema, row
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 T = TypeVar("T")
-DRIVERS = ["asyncpg", "psycopg", "aiosqlite"]
+DRIVERS = ["asyncpg", "psycopg", "asyncmy", "aiosqlite"]
 PG_DRIVERS = ["asyncpg", "psycopg"]
 
 
@@ -80,6 +80,12 @@ def async_target(driver: str, url: str) -> Target:
         return Target(driver, url, url.replace("sqlite://", "sqlite+aiosqlite://", 1))
     if driver == "psycopg":  # psycopg 3 is sync and async: create_async_engine picks async mode
         return Target(driver, url, url)
+    if driver == "asyncmy":  # mysql+ on a MariaDB URL: one schema, either dialect name
+        return Target(
+            driver,
+            url,
+            make_url(url).set(drivername="mysql+asyncmy").render_as_string(hide_password=False),
+        )
     # asyncpg does not take libpq's `options`: the schema goes in as a server setting.
     plain = make_url(url).difference_update_query(["options"]).set(drivername="postgresql+asyncpg")
     server_settings = {"search_path": pg_schema(url)}
@@ -95,7 +101,8 @@ def async_target(driver: str, url: str) -> Target:
 def bare(request: pytest.FixtureRequest) -> Target:
     """A database of this test's own without the outbox schema, through each async driver."""
     driver = str(request.param)
-    url = str(request.getfixturevalue("sqlite_url" if driver == "aiosqlite" else "pg_url"))
+    fixture = {"aiosqlite": "sqlite_url", "asyncmy": "mysql_url"}.get(driver, "pg_url")
+    url = str(request.getfixturevalue(fixture))
     return async_target(driver, url)
 
 

@@ -1,5 +1,5 @@
 """The store's SQL as text, without a database: every dialect's statements are complete, read the
-time through :now, keep the lease guard, and say once what both databases share."""
+time through :now, keep the lease guard, and say once what the databases share."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sqlalchemy import TextClause, TextualSelect
 
 from relay.core.resources import SCOPES
 from relay.errors import ConfigError
-from relay.store import common, postgres, sqlite
+from relay.store import common, mysql, postgres, sqlite
 from relay.store.databases import DIALECTS, database_url, dialect_for
 from relay.store.dialect import Dialect, Statements, compile_sql
 
@@ -65,6 +65,13 @@ def test_postgresql_reads_its_clock_only_through_now() -> None:
         assert sql.count("now()") == sql.count("coalesce(:now, now())"), name
 
 
+@pytest.mark.parametrize("backend", ["mysql", "mariadb"])
+def test_mysql_reads_its_clock_only_through_now(backend: str) -> None:
+    for name, sql in every_statement(dialect_for(backend)).items():
+        assert sql.count("UTC_TIMESTAMP") == sql.count(mysql.NOW), name
+        assert "NOW()" not in sql.upper().replace("UTC_TIMESTAMP", ""), name
+
+
 def test_sqlite_reads_its_clock_only_through_now() -> None:
     for name, sql in every_statement(dialect_for("sqlite")).items():
         assert sql.count("'now'") == sql.count("coalesce(:now, 'now')") + sql.count(
@@ -81,6 +88,10 @@ def test_sqlite_reads_its_clock_only_through_now() -> None:
         sqlite.MARK_PUBLISHED,
         sqlite.RELEASE,
         sqlite.SETTLE_ONE,
+        mysql.MARK_PUBLISHED,
+        mysql.RELEASE,
+        mysql.HELD,  # SETTLE_ONE then changes only the rows this read found and locked
+        mysql.KEYS_OF,
     ],
 )
 def test_every_settlement_is_guarded_by_the_lease(sql: str) -> None:
@@ -95,6 +106,27 @@ def test_postgresql_skips_rows_another_relay_has_locked() -> None:
     assert "FOR UPDATE" in postgres.LOCK_RESOURCE
 
 
+def test_mysql_skips_rows_another_relay_has_locked_and_reads_them_in_index_order() -> None:
+    statements = every_statement(dialect_for("mariadb"))
+    for name in ("_candidates", "_reclaimable", "_abandonable", "_doomed"):
+        assert "FOR UPDATE SKIP LOCKED" in statements[name], name
+    assert "FOR UPDATE" in mysql.LOCK_RESOURCE
+    assert "FORCE INDEX (outbox_message_claim_idx)" in statements["_candidates"]
+    # The head probe: one index probe per blocking state, never a scan of the key's rows.
+    hold = statements["_heads"]
+    assert hold.count("FORCE INDEX (outbox_message_key_state_idx)") == 3
+    assert hold.count("ORDER BY e.seq LIMIT 1") == 3
+    skip = every_statement(dialect_for("mariadb", hold=False))["_heads"]
+    assert skip.count("ORDER BY e.seq LIMIT 1") == 2
+    assert "'dead'" not in skip
+
+
+def test_mysql_quotes_the_reserved_word_key() -> None:
+    for name, sql in every_statement(dialect_for("mysql")).items():
+        bare = re.findall(r"(?<![.`\w])key(?![`\w])", sql)
+        assert not bare, f"{name}: unquoted key"
+
+
 def test_binds_are_typed_by_their_whole_name() -> None:
     clause = compile_sql("SELECT :token, :tokens, :now, :nowhere")
     assert isinstance(clause, TextClause)
@@ -107,17 +139,20 @@ def test_binds_are_typed_by_their_whole_name() -> None:
 def test_the_comments_name_statements_that_exist() -> None:
     for path in STORE.glob("*.py"):
         for module, name in re.findall(
-            r"\b(postgres|sqlite|common)\.([A-Za-z_]+)", path.read_text()
+            r"\b(postgres|sqlite|mysql|common)\.([A-Za-z_]+)", path.read_text()
         ):
             if name == "py":  # a file name, not a statement
                 continue
-            owner = {"postgres": postgres, "sqlite": sqlite, "common": common}[module]
+            modules = {"postgres": postgres, "sqlite": sqlite, "mysql": mysql, "common": common}
+            owner = modules[module]
             assert hasattr(owner, name), f"{path.name} names {module}.{name}"
 
 
 def test_only_the_postgresql_dialect_listens() -> None:
     assert postgres.Postgres.listen == "LISTEN outbox_relay"
     assert sqlite.Sqlite.listen is None
+    assert mysql.Mysql.listen is None  # no NOTIFY: MySQL relays poll
+    assert mysql.Mariadb.listen is None
 
 
 # --------------------------------------------------------------------------- URLs
@@ -127,13 +162,21 @@ def test_a_bare_url_means_the_driver_this_project_ships() -> None:
     assert database_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
     assert database_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"
     assert database_url("sqlite:///x.db").drivername == "sqlite"
+    assert database_url("mysql://u@h/db").drivername == "mysql+pymysql"
+    assert database_url("mariadb://u@h/db").drivername == "mariadb+pymysql"
+    assert database_url("mysql+pymysql://u@h/db").drivername == "mysql+pymysql"
+    assert database_url("mariadb+pymysql://u@h/db").drivername == "mariadb+pymysql"
 
 
 @pytest.mark.parametrize(
     ("url", "words"),
     [
-        ("mysql://u@h/db", "unsupported database 'mysql' (use postgresql or sqlite)"),
+        (
+            "oracle://u@h/db",
+            "unsupported database 'oracle' (use postgresql, mysql, mariadb or sqlite)",
+        ),
         ("postgresql+psycopg2://u@h/db", "unsupported driver 'postgresql+psycopg2'"),
+        ("mysql+mysqldb://u@h/db", "unsupported driver 'mysql+mysqldb' (use mysql+pymysql)"),
         ("not a url :secret@", "cannot parse the database URL"),
     ],
 )
