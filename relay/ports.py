@@ -50,6 +50,9 @@ class StateCounts:
     ready: int  # pending and due now
     delayed: int  # pending, due later
     oldest_ready_age_s: float | None  # how long the longest-waiting due message has been due
+    # The states whose figure in by_state is an estimate (published and cancelled beside a large
+    # table, relay/store/estimates.py); every other figure is exact.
+    estimated: frozenset[str] = frozenset()
 
 
 class Store(Protocol):

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from typing import Any
 
 import outbox
 from outbox.migrate import SchemaConflict, inspect_schema
@@ -89,19 +90,20 @@ def report_check(shape: Shape) -> int:
     return 1
 
 
-def status_report(config: RelayConfig) -> dict[str, float | int | None]:
+def status_report(config: RelayConfig) -> dict[str, Any]:
     store = open_store(config.db_url)
     try:
         counts = store.counts()
     finally:
         store.close()
-    report: dict[str, float | int | None] = {
+    report: dict[str, Any] = {
         state.value: counts.by_state.get(state.value, 0) for state in outbox.State
     }
     report["ready"] = counts.ready
     report["delayed"] = counts.delayed
     age = counts.oldest_ready_age_s
     report["oldest_pending_age_s"] = None if age is None else round(age, 3)
+    report["estimated"] = sorted(counts.estimated)  # the states whose figures are estimates
     return report
 
 
@@ -118,31 +120,64 @@ def cmd_status(config: RelayConfig, args: argparse.Namespace) -> int:
         print(format_circuits(circuits))
     if exchanges:
         print()
-        rows = [
-            [e["exchange"] or "(default)", str(e["pending"]), str(e["in_flight"]),
-             str(e["published"]), str(e["dead"]), str(e["cancelled"]), str(e["discarded"]),
-             "-" if e["oldest_ready_age_s"] is None else f"{e['oldest_ready_age_s']:.1f} s"]
-            for e in exchanges
-        ]  # fmt: skip
-        header = ["exchange", "pending", "in_flight", "published", "dead", "cancelled",
-                  "discarded", "oldest ready"]  # fmt: skip
-        print(table(rows, header))
+        print(format_exchanges(exchanges))
+    notes = estimate_notes(report, exchanges)
+    if notes:
+        print()
+        print("\n".join(notes))
     return 0
 
 
-def format_status(report: dict[str, float | int | None]) -> str:
+STATES = [state.value for state in outbox.State]
+
+
+def figure(value: int | None, estimated: bool) -> str:
+    """A count as status prints it: "~" before an estimate, "?" where there is not even one."""
+    if value is None:
+        return "?"
+    return f"~{value}" if estimated else str(value)
+
+
+def estimate_notes(report: dict[str, Any], exchanges: list[dict[str, Any]]) -> list[str]:
+    """What the marks `figure` put in the output mean, for those that are there."""
+    notes = []
+    if report.get("estimated") or any(e.get("estimated") for e in exchanges):
+        notes.append(
+            "~ estimated from the database's statistics: beside a table this large, counting "
+            "published and cancelled messages exactly would read all of it"
+        )
+    if any(e.get(state, 0) is None for e in exchanges for state in STATES):
+        notes.append(
+            "? not estimated per exchange until the table is analyzed (autovacuum does it, or "
+            "ANALYZE outbox_message)"
+        )
+    return notes
+
+
+def format_status(report: dict[str, Any]) -> str:
+    def of(state: str) -> str:
+        return figure(report[state], state in report.get("estimated", ()))
+
     rows = [
         ("pending", f"{report['pending']} ({report['ready']} ready, {report['delayed']} delayed)"),
-        ("in_flight", str(report["in_flight"])),
-        ("published", str(report["published"])),
-        ("dead", str(report["dead"])),
-        ("cancelled", str(report["cancelled"])),
-        ("discarded", str(report["discarded"])),
+        *((state, of(state)) for state in STATES if state != "pending"),
     ]
     age = report["oldest_pending_age_s"]
     rows.append(("oldest ready age", "-" if age is None else f"{age:.1f} s"))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def format_exchanges(exchanges: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            e["exchange"] or "(default)",
+            *(figure(e[state], state in e.get("estimated", ())) for state in STATES),
+            "-" if e["oldest_ready_age_s"] is None else f"{e['oldest_ready_age_s']:.1f} s",
+        ]
+        for e in exchanges
+    ]
+    return table(rows, ["exchange", *STATES, "oldest ready"])
 
 
 COMMANDS: dict[str, Handler] = {

@@ -72,6 +72,10 @@ def _gauge(meter: Meter, name: str, unit: str, description: str, observe: Observ
     meter.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)
 
 
+def _state(state: str, estimated: bool) -> dict[str, str]:
+    return {"state": state, "estimated": "true" if estimated else "false"}
+
+
 class Observer:
     def __init__(
         self, tracer: Tracer | None, meter: Meter, *, clock: Callable[[], float] = time.monotonic
@@ -123,14 +127,25 @@ class Observer:
         def states() -> list[tuple[float, dict[str, str]]]:
             counts_now = counts()
             # Every state, zeros included: a series that vanishes at zero reads as "no data".
-            rows = [(float(counts_now.by_state.get(s, 0)), {"state": s}) for s in ALL_STATES]
-            return [*rows, (float(counts_now.ready), {"state": "ready"})]
+            # `estimated` says which figures are estimates (published and cancelled beside a
+            # large table), so nothing mistakes one for a count.
+            rows = [
+                (float(counts_now.by_state.get(s, 0)), _state(s, s in counts_now.estimated))
+                for s in ALL_STATES
+            ]
+            return [*rows, (float(counts_now.ready), _state("ready", False))]
 
         def oldest() -> list[tuple[float, dict[str, str]]]:
             age = counts().oldest_ready_age_s
             return [(age or 0.0, {})]
 
-        _gauge(meter, "outbox.messages", "{message}", "messages by state", states)
+        _gauge(
+            meter,
+            "outbox.messages",
+            "{message}",
+            "messages by state; estimated=true where the figure is an estimate",
+            states,
+        )
         _gauge(
             meter,
             "outbox.oldest_ready.age",

@@ -20,9 +20,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Uuid,
-    and_,
     bindparam,
-    case,
     func,
     insert,
     literal_column,
@@ -38,7 +36,7 @@ from outbox.schema import MYSQL, attempt, message
 from outbox.states import State
 from relay.core.retention import FAILED_STATES
 from relay.errors import MigrationDenied
-from relay.store import mysql, postgres, sqlite
+from relay.store import counting, mysql, postgres, sqlite
 from relay.store.databases import dialect_for
 from relay.store.dialect import TIME
 from relay.store.retention import cutoff_id
@@ -461,27 +459,10 @@ def _update_returning(
 
 
 def per_exchange(engine: Engine, now: dt.datetime) -> list[dict[str, Any]]:
-    """Counts by state and the oldest ready age, per exchange."""
-    m = message.c
-    ready = and_(m.state == State.PENDING.value, m.available_at <= now)
-    columns: list[Any] = [m.exchange]
-    columns += [func.sum(case((m.state == s.value, 1), else_=0)).label(s.value) for s in State]
-    columns.append(func.min(case((ready, m.available_at), else_=None)).label("oldest_ready"))
-    stmt = select(*columns).group_by(m.exchange).order_by(m.exchange)
-    out: list[dict[str, Any]] = []
+    """Counts by state and the oldest ready age, per exchange: exact through the partial
+    indexes, published and cancelled estimated beside a large table (relay/store/counting.py)."""
     with engine.connect() as conn:
-        for row in conn.execute(stmt).mappings():
-            entry = {"exchange": row["exchange"]}
-            entry.update({s.value: int(row[s.value] or 0) for s in State})
-            oldest = row["oldest_ready"]
-            if isinstance(oldest, str):  # SQLite returns the stored text from min()
-                oldest = dt.datetime.fromisoformat(oldest)
-            oldest = _utc(oldest)
-            entry["oldest_ready_age_s"] = (
-                None if oldest is None else round(max(0.0, (now - oldest).total_seconds()), 3)
-            )
-            out.append(entry)
-    return out
+        return counting.exchange_counts(dialect_for(engine.dialect.name), conn, now)
 
 
 # The per-minute statements of each database (its dialect module), bound as typed here.

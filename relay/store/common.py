@@ -96,15 +96,70 @@ SET state = :state, failures = :failures, opens = :opens, open_until = :open_unt
 WHERE resource = :resource
 """
 
-# ------------------------------------------------------------------------ relays, status
+# ------------------------------------------------------------------------ relays, probes
 
 # A relay's heartbeat row goes when it stops cleanly (a crashed one ages out of `relays`).
 FORGET_RELAY = "DELETE FROM outbox_relay WHERE relay_id = :relay_id"
 
-# A parallel sequential scan on a large table (status and the state gauges only, never per claim).
-COUNT_BY_STATE = "SELECT state, count(*) FROM outbox_message GROUP BY state"
-
 PING = "SELECT 1"
+
+# ------------------------------------------------------------------------ counting by state
+
+# Status, the state gauges and the console count through the partial indexes, which hold the
+# backlog and the failures but never a published row, so they cost the same beside any number of
+# published rows (relay/store/counting.py). Each WHERE clause names an index's predicate as
+# written in outbox/schema.py, restated beside a narrower condition where it must be: PostgreSQL
+# and SQLite use a partial index only when the query's WHERE clause visibly implies its predicate.
+# `m.key`: unqualified, `key` is a reserved word on MySQL.
+
+# The pending rows, between them: unkeyed ones (outbox_message_ready_idx), keyed ones not parked
+# (outbox_message_ready_keyed_idx), and the parked ones, through the per-key index.
+PENDING_PARTS: tuple[str, ...] = (
+    "m.state = 'pending' AND m.key IS NULL",
+    "m.state = 'pending' AND m.key IS NOT NULL AND NOT m.held",
+    f"m.key IS NOT NULL AND m.state IN ({BLOCKING_HOLD}) AND m.state = 'pending' AND m.held",
+)
+
+# In flight (outbox_message_lease_idx), dead and discarded (outbox_message_failed_idx): the
+# other states counted exactly. Only states with rows come back.
+COUNT_OPEN = """
+SELECT state, count(*) FROM outbox_message WHERE state = 'in_flight' GROUP BY state
+UNION ALL
+SELECT state, count(*) FROM outbox_message WHERE state IN ('dead', 'discarded') GROUP BY state
+"""
+
+# Published and cancelled, exactly: no index holds them, so this reads the whole table. Only run
+# when the table is small (relay/store/estimates.py); beside a large one they are estimated.
+COUNT_SETTLED = """
+SELECT state, count(*) FROM outbox_message WHERE state IN ('published', 'cancelled') GROUP BY state
+"""
+
+# The same per exchange (status and the console's table): (exchange, state, count, the earliest
+# due time among its pending rows due by :now). Through the same indexes: each row they hold
+# costs a heap read for its exchange, none of the published rows does.
+_EXCHANGE_PENDING = """
+SELECT m.exchange, 'pending' AS state, count(*) AS n,
+       min(CASE WHEN m.available_at <= :now THEN m.available_at END) AS oldest
+FROM outbox_message AS m WHERE {where} GROUP BY m.exchange
+"""
+EXCHANGE_OPEN = "UNION ALL".join(
+    [
+        *(_EXCHANGE_PENDING.format(where=where) for where in PENDING_PARTS),
+        """
+SELECT exchange, state, count(*), NULL FROM outbox_message WHERE state = 'in_flight'
+GROUP BY exchange, state
+""",
+        """
+SELECT exchange, state, count(*), NULL FROM outbox_message WHERE state IN ('dead', 'discarded')
+GROUP BY exchange, state
+""",
+    ]
+)
+
+EXCHANGE_SETTLED = """
+SELECT exchange, state, count(*) FROM outbox_message WHERE state IN ('published', 'cancelled')
+GROUP BY exchange, state
+"""
 
 # ------------------------------------------------------------------------ the console's charts
 

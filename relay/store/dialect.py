@@ -48,6 +48,7 @@ from sqlalchemy.types import TypeEngine
 
 from outbox.schema import UUID
 from relay.store import common
+from relay.store.estimates import TableStats
 
 TIME = DateTime(timezone=True)
 
@@ -148,7 +149,6 @@ class Statements:
     heartbeat: Compiled  # (relay_id, now)
     forget_relay: Compiled  # (relay_id)
     relays: Compiled  # (within, now) -> RELAY_COLUMNS
-    count_by_state: Compiled  # -> (state, count)
     pending_summary: Compiled  # (now) -> (ready, delayed, oldest ready age in seconds)
     count_eligible: Compiled  # (states, cutoff, cutoff_id, after_id) -> count
     ping: Compiled
@@ -189,7 +189,6 @@ class Statements:
             heartbeat=sql(heartbeat),
             forget_relay=sql(common.FORGET_RELAY),
             relays=sql(relays, RELAY_COLUMNS),
-            count_by_state=sql(common.COUNT_BY_STATE),
             pending_summary=sql(pending_summary),
             count_eligible=sql(count_eligible),
             ping=sql(common.PING),
@@ -305,6 +304,12 @@ class Dialect(ABC):
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
         """Delete one retention batch and its attempt rows; return how many messages went and
         the highest id among them. params: states, cutoff, cutoff_id, after_id, batch_size."""
+
+    def table_stats(self, conn: Connection) -> TableStats | None:
+        """What the database knows of outbox_message's size without reading it, for estimating
+        its published and cancelled rows beside a large table (relay/store/estimates.py); None
+        where it keeps nothing usable: those are then counted exactly."""
+        return None
 
     @contextmanager
     def transaction(self, conn: Connection) -> Iterator[None]:

@@ -29,7 +29,7 @@ from relay.core.policy import Dead, Retry
 from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError, SchemaNotFound
 from relay.ports import Claimed, ResourceRow, RetentionFailed, StateCounts, T
-from relay.store import retention
+from relay.store import counting, retention
 from relay.store.common import ALONE
 from relay.store.databases import DIALECTS, database_url, dialect_for, driver_arguments
 
@@ -274,13 +274,10 @@ class SqlStore:
             raise RetentionFailed(_first_line(exc)) from exc
 
     def counts(self) -> StateCounts:
+        """Messages by state: exact through the partial indexes, published and cancelled
+        estimated beside a large table (relay/store/counting.py)."""
         with self._side_conn() as conn:
-            by_state = {str(s): int(n) for s, n in conn.execute(self._sql.count_by_state)}
-            ready, delayed, age = conn.execute(
-                self._sql.pending_summary, {"now": self._clock()}
-            ).one()
-        oldest = None if age is None else max(0.0, float(age))
-        return StateCounts(by_state, int(ready or 0), int(delayed or 0), oldest)
+            return counting.state_counts(self.dialect, conn, self._clock())
 
     def schema_version(self) -> int:
         """The outbox schema's version `migrate` recorded in this database (0: none)."""

@@ -197,14 +197,18 @@ WHERE last_seen > strftime({_FORMAT}, coalesce(:now, 'now'), printf('-%.6f secon
 ORDER BY relay_id
 """  # noqa: S608
 
-# See postgres.PENDING_SUMMARY. julianday() reads the stored text; its difference is in days.
+# See postgres.PENDING_SUMMARY: through the same partial indexes (SQLite uses one when a term of
+# the WHERE clause is a term of its predicate). julianday() reads the stored text; its difference
+# is in days.
+_PENDING_PART = f"""
+SELECT coalesce(sum(m.available_at <= {NOW}), 0) AS due,
+       coalesce(sum(m.available_at > {NOW}), 0) AS later,
+       min(CASE WHEN m.available_at <= {NOW} THEN m.available_at END) AS oldest
+FROM outbox_message AS m WHERE {{where}}
+"""  # noqa: S608 - a module constant's fragment
 PENDING_SUMMARY = f"""
-SELECT coalesce(sum(available_at <= {NOW}), 0),
-       coalesce(sum(available_at > {NOW}), 0),
-       (julianday({NOW}) - julianday(min(CASE WHEN available_at <= {NOW} THEN available_at END)))
-       * 86400.0
-FROM outbox_message
-WHERE state = 'pending'
+SELECT sum(due), sum(later), (julianday({NOW}) - julianday(min(oldest))) * 86400.0
+FROM ({"UNION ALL".join(_PENDING_PART.format(where=w) for w in common.PENDING_PARTS)})
 """  # noqa: S608
 
 # ------------------------------------------------------------------------ the console's charts

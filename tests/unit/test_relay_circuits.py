@@ -230,4 +230,4 @@ def test_circuit_changes_and_failures_are_counted_in_metrics() -> None:
     assert failed == {("retry", "bad"): 3, ("deferred", "bad"): 2}
     assert points["outbox.messages.published"] == [({"exchange": "good"}, 3)]
     assert ({"resource": f"{BROKER}/bad"}, 2) in points["outbox.circuit.state"]
-    assert ({"state": "pending"}, 5) in points["outbox.messages"]
+    assert ({"state": "pending", "estimated": "false"}, 5) in points["outbox.messages"]

@@ -1,0 +1,107 @@
+"""Messages by state, for `status`, the state gauges and the console: what each of them reads.
+
+Pending, in-flight, dead and discarded rows are counted exactly, through the partial indexes that
+hold them (common.PENDING_PARTS, COUNT_OPEN): the backlog and the failures, never a published
+row. Published and cancelled rows have no index apart from each other and from the published
+ones, so they are counted exactly only while the table is small; beside a large one they are
+estimated from what the database keeps about the table (relay/store/estimates.py), and said to
+be (StateCounts.estimated, and `estimated` in each per-exchange entry). A database that keeps
+nothing usable (SQLite, MySQL for now: Dialect.table_stats) counts them exactly at any size.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import BigInteger, Connection, String
+
+from outbox.states import State
+from relay.ports import StateCounts
+from relay.store import common, estimates
+from relay.store.dialect import TIME, Dialect, compile_sql
+from relay.store.estimates import ESTIMATED, TableStats
+
+_COUNT_OPEN = compile_sql(common.COUNT_OPEN)
+_COUNT_SETTLED = compile_sql(common.COUNT_SETTLED)
+_EXCHANGE_OPEN = compile_sql(
+    common.EXCHANGE_OPEN,
+    {"exchange": String(), "state": String(), "n": BigInteger(), "oldest": TIME},
+)
+_EXCHANGE_SETTLED = compile_sql(common.EXCHANGE_SETTLED)
+
+
+def _exact(stats: TableStats | None) -> bool:
+    return stats is None or stats.small
+
+
+def state_counts(dialect: Dialect, conn: Connection, now: dt.datetime | None) -> StateCounts:
+    """Every state's count (states without rows left out), ready and delayed, and the oldest
+    ready age. `now` is bound as :now (None: the database's clock)."""
+    stats = dialect.table_stats(conn)
+    ready, delayed, age = conn.execute(dialect.sql.pending_summary, {"now": now}).one()
+    ready, delayed = int(ready or 0), int(delayed or 0)
+    by_state = {State.PENDING.value: ready + delayed}
+    by_state.update(_pairs(conn.execute(_COUNT_OPEN)))
+    if _exact(stats):
+        by_state.update(_pairs(conn.execute(_COUNT_SETTLED)))
+        estimated: frozenset[str] = frozenset()
+    else:
+        assert stats is not None
+        by_state.update(estimates.settled(stats, by_state))
+        estimated = ESTIMATED
+    oldest = None if age is None else max(0.0, float(age))
+    counts = {state: n for state, n in by_state.items() if n}
+    return StateCounts(counts, ready, delayed, oldest, estimated)
+
+
+def exchange_counts(dialect: Dialect, conn: Connection, now: dt.datetime) -> list[dict[str, Any]]:
+    """Per exchange, by name: the count of every state (None where not even an estimate can be
+    made), `oldest_ready_age_s` and `estimated` (the states whose figures are estimates)."""
+    stats = dialect.table_stats(conn)
+    counted: dict[str, dict[str, int]] = {}
+    oldest: dict[str, dt.datetime] = {}
+    for row in conn.execute(_EXCHANGE_OPEN, {"now": now}):
+        mine = counted.setdefault(row.exchange, {})
+        mine[row.state] = mine.get(row.state, 0) + int(row.n)
+        if row.oldest is not None:
+            due = _utc(row.oldest)
+            oldest[row.exchange] = min(due, oldest.get(row.exchange, due))
+    settled: dict[str, dict[str, int | None]] = {}
+    if _exact(stats):
+        for exchange, state, n in conn.execute(_EXCHANGE_SETTLED):
+            settled.setdefault(exchange, {})[state] = int(n)
+        estimated: list[str] = []
+    else:
+        assert stats is not None
+        totals: dict[str, int] = {}
+        for mine in counted.values():
+            for state, n in mine.items():
+                totals[state] = totals.get(state, 0) + n
+        settled = estimates.per_exchange(stats, estimates.settled(stats, totals), counted)
+        estimated = sorted(ESTIMATED)
+    out: list[dict[str, Any]] = []
+    for exchange in sorted(set(counted) | set(settled)):
+        entry: dict[str, Any] = {"exchange": exchange}
+        for state in State:
+            if state.value in ESTIMATED:
+                entry[state.value] = settled.get(exchange, {}).get(state.value, 0)
+            else:
+                entry[state.value] = counted.get(exchange, {}).get(state.value, 0)
+        first = oldest.get(exchange)
+        entry["oldest_ready_age_s"] = (
+            None if first is None else round(max(0.0, (now - first).total_seconds()), 3)
+        )
+        entry["estimated"] = estimated
+        out.append(entry)
+    return out
+
+
+def _pairs(rows: Iterable[Any]) -> dict[str, int]:
+    return {str(state): int(n) for state, n in rows}
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    # SQLite and MySQL hand back naive datetimes; every time stored here is UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
