@@ -12,7 +12,10 @@ Phases, in order (choose with --phases):
                connection
   store        diagnostic: the store's claim + mark_published alone, nothing published
   publisher    diagnostic: relay.Publisher alone, fed pre-built messages, no database
+  enqueue      what outbox.enqueue costs a one-row transaction (commits/s with and without it)
 
+--db names the server: PostgreSQL (the default), or MySQL/MariaDB, e.g.
+`--db mariadb://root@127.0.0.1:3306/test` (every phase but `prepared`, which is psycopg's).
 The queue is purged after every phase; the database and the queue are removed at the end.
 """
 
@@ -55,6 +58,7 @@ from benchmarks.fixtures import (
     message_properties,
     names,
 )
+from benchmarks.insert_cost import measure_insert_cost
 from relay.ports import Outgoing
 
 PHASES = (
@@ -65,7 +69,9 @@ PHASES = (
     "prepared",
     "store",
     "publisher",
+    "enqueue",
 )
+POSTGRESQL_ONLY = ("prepared",)
 # psycopg's own default: a statement is prepared on the server at its fifth run.
 PREPARED_ON = "5"
 ONE_AT_A_TIME = 20_000  # messages the slow comparison drains (its rate is what counts)
@@ -115,7 +121,7 @@ class Row:
     rates: list[float] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)  # one per run, beside rates
     others: list[float] = field(default_factory=list)  # cores used by other processes, per run
-    work_us: list[float] = field(default_factory=list)  # relay + PostgreSQL CPU us/msg, per run
+    work_us: list[float] = field(default_factory=list)  # relay + database CPU us/msg, per run
     diagnostic: bool = False
     error: str | None = None
 
@@ -159,6 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join([exe, "-m", "benchmarks", *sys.argv[1:]])
     base = names()
     db = BenchDatabase(args.db, base)
+    if db.mysql:
+        refused = [p for p in phases if p in POSTGRESQL_ONLY]
+        if refused and args.phases != ",".join(PHASES):
+            _say(f"error: {', '.join(refused)}: PostgreSQL only")
+            return 2
+        phases = [p for p in phases if p not in POSTGRESQL_ONLY]
     broker = BenchBroker(args.amqp, exchange=base.replace("_", "-"), queue=base.replace("_", "-"))
     results: dict[str, Row] = {}
     info: dict[str, str] = {}
@@ -169,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _say(f"warning: {busy:.1f} cores were busy before the run: figures will be low")
     try:
         info["rabbitmq"] = broker.declare()
-        info["postgresql"] = db.server_version()
+        info["database"] = f"{db.product} {db.server_version()}"
         _run(args, phases, db, broker, results)
     except KeyboardInterrupt:
         _say("interrupted")
@@ -194,7 +206,7 @@ def _run(
     payloads = [encode(make_payload(i, args.payload_bytes)) for i in range(n)]
     now = time.time()
 
-    if {"in-process", "subprocess", "one-at-a-time", "prepared", "store"} & set(phases):
+    if {"in-process", "subprocess", "one-at-a-time", "prepared", "store", "enqueue"} & set(phases):
         db.create()
         _say(f"loading {n} messages through outbox.enqueue ...")
         seconds = db.load(n, args.payload_bytes, broker.exchange)
@@ -225,6 +237,7 @@ FIGURES = {
     "prepared-on": "relay drain, in-process, prepared statements",
     "store": "diagnostic: store only, claim+mark, no broker",
     "publisher": "diagnostic: relay.Publisher only, no DB",
+    "enqueue": "outbox.enqueue in a one-row transaction",
 }
 DIAG = ("store", "publisher")
 
@@ -317,6 +330,14 @@ def _phase(
         _quiesce()
         _say(f"diagnostic: store only (claim + mark_published, 500 a batch){tag} ...")
         _add_drain(results, phase, drain_store_only(db))
+    elif phase == "enqueue":
+        assert db.engine is not None
+        _say(f"enqueue cost: one writer, a business row with and without an outbox row{tag} ...")
+        cost = measure_insert_cost(db.engine, broker.exchange)
+        row = results.setdefault(phase, Row(FIGURES[phase]))
+        row.rates.append(cost.ratio)
+        row.extras.append(cost.describe())
+        _say(f"  {cost.describe()}")
     elif phase == "publisher":
         _say(f"diagnostic: relay.Publisher only, pre-built messages{tag} ...")
         items = [
@@ -354,7 +375,7 @@ def _add_drain(results: dict[str, Row], key: str, r: DrainResult) -> None:
         parts.append(r.cpu.describe(r.messages))
         row.others.append(r.cpu.cores("other"))
         if r.messages:
-            work = r.cpu.used.get("relay", 0.0) + r.cpu.used.get("postgres", 0.0)
+            work = r.cpu.used.get("relay", 0.0) + r.cpu.used.get("database", 0.0)
             row.work_us.append(work / r.messages * 1e6)
     extra = "; ".join(parts)
     row.extras.append(extra)
@@ -406,6 +427,8 @@ def _report(
     base = ceiling.rate if ceiling else None
     lines: list[tuple[str, str, str]] = []
     for key, row in results.items():
+        if key == "enqueue":  # a ratio to its own baseline, not a rate: below the table
+            continue
         if key.endswith("-rss"):
             lines.append((row.figure, f"{max(row.rates):,.0f} MiB", "-"))
             continue
@@ -422,7 +445,7 @@ def _report(
         f"command : {command}",
         f"machine : {os.cpu_count()} cores, {platform.system()} {platform.machine()}, "
         f"Python {platform.python_version()}, pika {pika.__version__}, "
-        f"PostgreSQL {info.get('postgresql', '?')}, RabbitMQ {info.get('rabbitmq', '?')}"
+        f"{info.get('database', '?')}, RabbitMQ {info.get('rabbitmq', '?')}"
         + (f"; {info['busy_before']} cores busy before start" if "busy_before" in info else ""),
         f"messages: {args.messages:,} per phase, {args.payload_bytes}-byte JSON body, persistent, "
         "mandatory, topic exchange -> durable queue"

@@ -46,30 +46,54 @@ def names() -> str:
     return f"outbox_bench_{os.getpid()}"
 
 
-# --------------------------------------------------------------------------- PostgreSQL
+# --------------------------------------------------------------------------- the database
 
 
 class BenchDatabase:
-    """A database of its own, created from an admin URL and dropped by `drop()`."""
+    """A database of its own, created from an admin URL and dropped by `drop()`: PostgreSQL, or
+    MySQL/MariaDB (`mysql://` or `mariadb://`, run by the driver the relay ships)."""
 
     def __init__(self, admin_url: str, name: str) -> None:
-        self.admin_url = admin_url
+        url = make_url(admin_url)
+        self.mysql = url.get_backend_name() in ("mysql", "mariadb")
+        if self.mysql and "+" not in url.drivername:
+            url = url.set(drivername=f"{url.drivername}+pymysql")
+        self.admin_url = url.render_as_string(hide_password=False)
         self.name = name
-        self.url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        self._admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_size=1)
+        self.url = url.set(database=name).render_as_string(hide_password=False)
+        self._admin = create_engine(self.admin_url, isolation_level="AUTOCOMMIT", pool_size=1)
         self.engine: Engine | None = None
         self.loaded = 0
 
+    def _drop_sql(self) -> str:
+        if self.mysql:
+            return f"DROP DATABASE IF EXISTS `{self.name}`"
+        return f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'
+
     def create(self) -> None:
         with self._admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-            conn.exec_driver_sql(f'CREATE DATABASE "{self.name}"')
+            conn.exec_driver_sql(self._drop_sql())
+            if self.mysql:
+                conn.exec_driver_sql(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
+            else:
+                conn.exec_driver_sql(f'CREATE DATABASE "{self.name}"')
         self.engine = create_engine(self.url, pool_size=2)
         outbox.create_schema(self.engine)
 
-    def server_version(self) -> str:
+    @property
+    def product(self) -> str:
+        """What the server is, for the report: "PostgreSQL", "MariaDB" or "MySQL"."""
+        if not self.mysql:
+            return "PostgreSQL"
+        return "MariaDB" if "mariadb" in self.server_version_text().lower() else "MySQL"
+
+    def server_version_text(self) -> str:
+        query = "SELECT VERSION()" if self.mysql else "SHOW server_version"
         with self._admin.connect() as conn:
-            return str(conn.exec_driver_sql("SHOW server_version").scalar()).split()[0]
+            return str(conn.exec_driver_sql(query).scalar())
+
+    def server_version(self) -> str:
+        return self.server_version_text().split()[0].split("-")[0]
 
     def load(self, count: int, payload_bytes: int, exchange: str) -> float:
         """Enqueue `count` messages through outbox.enqueue; keep a copy. Returns seconds taken."""
@@ -86,10 +110,11 @@ class BenchDatabase:
                         payload=make_payload(n, payload_bytes),
                     )
             done = min(count, done + LOAD_BATCH)
+        unlogged = "" if self.mysql else "UNLOGGED "
         with self.engine.begin() as conn:
             conn.exec_driver_sql("DROP TABLE IF EXISTS bench_backlog")
             conn.exec_driver_sql(
-                "CREATE UNLOGGED TABLE bench_backlog AS SELECT * FROM outbox_message"
+                f"CREATE {unlogged}TABLE bench_backlog AS SELECT * FROM outbox_message"
             )
         self.loaded = count
         return time.perf_counter() - started
@@ -100,6 +125,10 @@ class BenchDatabase:
         with self.engine.begin() as conn:
             conn.exec_driver_sql("TRUNCATE outbox_message")
             conn.exec_driver_sql("INSERT INTO outbox_message SELECT * FROM bench_backlog")
+        if self.mysql:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("ANALYZE TABLE outbox_message").all()
+            return
         with self.engine.connect() as conn:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             conn.exec_driver_sql("VACUUM ANALYZE outbox_message")
@@ -131,7 +160,7 @@ class BenchDatabase:
             self.engine.dispose()
             self.engine = None
         with self._admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+            conn.exec_driver_sql(self._drop_sql())
         self._admin.dispose()
 
 

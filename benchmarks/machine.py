@@ -1,4 +1,5 @@
-"""Where the machine's CPU went during a phase: the relay, RabbitMQ, PostgreSQL, the rest, idle.
+"""Where the machine's CPU went during a phase: the relay, RabbitMQ, the database (PostgreSQL or
+MariaDB/MySQL), the rest, idle.
 
 On a 2-core machine the broker, the database and the relay share the same cores, so a relay that
 burns CPU slows the broker down as surely as one that waits too much. Linux only (/proc); on other
@@ -12,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-GROUPS = ("relay", "rabbitmq", "postgres", "other", "idle")  # "other": everything else
+GROUPS = ("relay", "rabbitmq", "database", "other", "idle")  # "other": everything else
 
 
 def _group(comm: str) -> str:
-    if comm.startswith("postgres"):
-        return "postgres"
+    if comm.startswith(("postgres", "mariadbd", "mysqld")):
+        return "database"
     if comm in ("beam.smp", "erl_child_setup", "epmd", "inet_gethost"):
         return "rabbitmq"
     return "other"
@@ -101,6 +102,6 @@ class CpuMeter:
             if group != "other":
                 used[group] += max(0.0, cpu - (before[1] if before else 0.0))
         busy = end.busy - start.busy
-        used["other"] = max(0.0, busy - used["relay"] - used["rabbitmq"] - used["postgres"])
+        used["other"] = max(0.0, busy - used["relay"] - used["rabbitmq"] - used["database"])
         used["idle"] = end.idle - start.idle
         return CpuSplit(seconds, used)
