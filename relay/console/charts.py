@@ -30,11 +30,11 @@ class Series:
 
 
 def nice_top(value: float) -> float:
-    """The smallest 1, 2 or 5 times a power of ten at or above `value` (1 for nothing)."""
+    """The smallest 1, 2, 2.5 or 5 times a power of ten at or above `value` (1 for nothing)."""
     if value <= 1:
         return 1.0
     power = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 5, 10):
+    for step in (1, 2, 2.5, 5, 10):
         if value <= step * power:
             return float(step * power)
     return float(10 * power)
