@@ -2,7 +2,10 @@
 unexpected or out of order, an innocent message ended dead, or the poison-rows fault cost the
 relay its broker connection.
 
-    python -m tests.chaos [--messages 50000] [--only NAME,...]
+    python -m tests.chaos [--messages 50000] [--only NAME,...] [--databases postgresql,mariadb]
+
+Every fault runs on each database in turn (PostgreSQL, then MariaDB), the relay and the writers
+on a schema or database of their own.
 """
 
 from __future__ import annotations
@@ -33,14 +36,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos")
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--only", default="", help="comma-separated name prefixes")
+    parser.add_argument(
+        "--databases",
+        default=",".join(run.DATABASES),
+        help=f"comma-separated subset of {','.join(run.DATABASES)} (all)",
+    )
     args = parser.parse_args()
     wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    databases = [d.strip() for d in args.databases.split(",") if d.strip()]
+    if not databases or set(databases) - set(run.DATABASES):
+        parser.error(f"--databases takes {', '.join(run.DATABASES)}")
     rows = []
-    for name, fault, proxies in scenarios():
+    for database, (name, fault, proxies) in ((d, s) for d in databases for s in scenarios()):
         if wanted and not any(name.startswith(w) for w in wanted):
             continue
         started = time.monotonic()
-        print(f"chaos: {name}, {args.messages:,} messages ...", flush=True)
+        print(f"chaos: {name} on {database}, {args.messages:,} messages ...", flush=True)
         row = run.run(
             name,
             fault,
@@ -49,9 +60,10 @@ def main() -> int:
             proxy_broker=proxies.get("broker", False),
             proxy_db=proxies.get("db", False),
             steady_connection=proxies.get("steady", False),
+            database=database,
         )
         rows.append(row)
-        print(f"chaos: {name}: {'ok' if row.ok else 'FAILED'} "
+        print(f"chaos: {row.fault}: {'ok' if row.ok else 'FAILED'} "
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
         if not row.ok:
             print(f"  lost ids {row.report.lost_ids}, keys out of order "

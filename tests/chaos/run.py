@@ -1,7 +1,8 @@
 """Chaos scenarios: applications commit keyed messages while a real fault hits the relay; the
 delivery checker then counts lost, unexpected, duplicated and out-of-order messages.
 
-Every scenario runs on its own PostgreSQL schema, exchange and queue (removed afterwards), with
+Every scenario runs on its own PostgreSQL schema (or MariaDB database), exchange and queue
+(removed afterwards), with
 `outbox-relay run` as a real subprocess, a consumer reading the real broker, and faults injected for
 real: SIGKILL, a TCP proxy that cuts or slows connections, `rabbitmqctl`.
 """
@@ -25,14 +26,18 @@ from pathlib import Path
 from typing import Any
 
 import pika
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, bindparam, create_engine, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 import outbox
+from outbox.schema import UUID
 from tests.chaos.checker import DeliveryChecker, Report
 from tests.chaos.proxy import TcpProxy
 
 PG_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
+MYSQL_URL = os.environ.get("OUTBOX_TEST_MYSQL_URL", "mariadb+pymysql://root@127.0.0.1:3306/test")
+DATABASES = ("postgresql", "mariadb")
 AMQP_URL = os.environ.get("OUTBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 ROOT = Path(__file__).resolve().parents[2]
 # Short leases and confirm timeouts, so a killed relay's rows come back within seconds.
@@ -200,14 +205,22 @@ class Writers:
 
 
 @contextlib.contextmanager
-def environment(name: str) -> Iterator[tuple[str, Engine, str, str]]:
-    """A schema (migrated), an exchange and a queue of this run; all removed afterwards."""
+def environment(name: str, database: str = "postgresql") -> Iterator[tuple[str, Engine, str, str]]:
+    """A schema (on MariaDB a database; migrated), an exchange and a queue of this run; all
+    removed afterwards."""
     suffix = uuid.uuid4().hex[:10]
     schema, exchange, queue = f"chaos_{suffix}", f"chaos.{suffix}", f"chaos.{suffix}.q"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    mariadb = database == "mariadb"
+    admin = create_engine(MYSQL_URL if mariadb else PG_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = _schema_url(schema)
+        if mariadb:
+            conn.execute(text(f"CREATE DATABASE `{schema}` CHARACTER SET utf8mb4"))
+        else:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    if mariadb:
+        url = make_url(MYSQL_URL).set(database=schema).render_as_string(hide_password=False)
+    else:
+        url = _schema_url(schema)
     engine = create_engine(url, pool_size=8)
     outbox.create_schema(engine)
     # A connection per step: one left idle through a scenario would be closed by the broker
@@ -230,7 +243,10 @@ def environment(name: str) -> Iterator[tuple[str, Engine, str, str]]:
         finally:
             cleanup.close()
         with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+            if mariadb:
+                conn.execute(text(f"DROP DATABASE `{schema}`"))
+            else:
+                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
 
 
@@ -247,6 +263,7 @@ class Context:
     engine: Engine | None = None
     exchange: str = ""
     poisoned: set[str] = field(default_factory=set)  # ids of rows a fault spoiled
+    database: str = "postgresql"
 
 
 Fault = Callable[[Context], None]
@@ -255,14 +272,15 @@ Fault = Callable[[Context], None]
 def run(
     name: str, fault: Fault, *, messages: int, rate: float = 1000.0, proxy_broker: bool = False,
     proxy_db: bool = False, settle_timeout: float = 120.0, workdir: Path | None = None,
-    steady_connection: bool = False,
+    steady_connection: bool = False, database: str = "postgresql",
 ) -> Row:  # fmt: skip
     checker = DeliveryChecker()
     workdir = workdir or Path(os.environ.get("TMPDIR", "/tmp"))
-    with environment(name) as (db_url, engine, exchange, queue):
+    with environment(name, database) as (db_url, engine, exchange, queue):
         broker_proxy = TcpProxy("127.0.0.1", 5672) if proxy_broker else None
-        db_proxy = TcpProxy("127.0.0.1", 5432) if proxy_db else None
-        relay_db = db_proxy.url_for(db_url, 5432) if db_proxy else db_url
+        db_port = 3306 if database == "mariadb" else 5432
+        db_proxy = TcpProxy("127.0.0.1", db_port) if proxy_db else None
+        relay_db = db_proxy.url_for(db_url, db_port) if db_proxy else db_url
         relay_amqp = broker_proxy.url_for(AMQP_URL, 5672) if broker_proxy else AMQP_URL
         slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
         relay = Relay(relay_db, relay_amqp, workdir / f"chaos-{slug}-{uuid.uuid4().hex[:6]}.log")
@@ -270,8 +288,9 @@ def run(
         consumer.start()
         writers = Writers(engine, exchange, checker, total=messages, rate=rate)
         ctx = Context(
-            relay, broker_proxy, db_proxy, writers=writers, engine=engine, exchange=exchange
-        )
+            relay, broker_proxy, db_proxy, writers=writers, engine=engine, exchange=exchange,
+            database=database,
+        )  # fmt: skip
         relay.start()
         writers.start()
         try:
@@ -302,7 +321,7 @@ def run(
                 for (i,) in conn.execute(text("SELECT id FROM outbox_message WHERE state = 'dead'"))
             }
         return Row(
-            name,
+            f"{name} ({database})" if database != "postgresql" else name,
             checker.report(),
             recovery,
             innocent_dead=len(dead - ctx.poisoned),
@@ -384,6 +403,8 @@ def memory_alarm(seconds: float) -> Fault:
 
 # What a hand-edited or foreign row may hold (PostgreSQL columns keep their types, so these are
 # values of the right type the wire cannot carry): (column, SQL expression of :value, value).
+# MariaDB keeps JSON as checked text: the same values as they are, but the first (MariaDB's
+# json_valid refuses nesting deeper than 32, so no such row can exist there).
 POISON: list[tuple[str, str, str]] = [
     ("headers", "CAST(:value AS json)", "[" * 5000 + "]" * 5000),  # RecursionError to json.loads
     ("headers", "CAST(:value AS json)", '{"n": 1e400}'),  # infinity
@@ -402,9 +423,11 @@ def poison_rows(count: int, every: float) -> Fault:
 
     def fault(ctx: Context) -> None:
         assert ctx.engine is not None
+        mariadb = ctx.database == "mariadb"
+        poison = [(c, ":value" if mariadb else e, v) for c, e, v in POISON[mariadb:]]
         for n in range(count):
             time.sleep(every)
-            column, expression, value = POISON[n % len(POISON)]
+            column, expression, value = poison[n % len(poison)]
             with ctx.engine.begin() as conn:  # one transaction: never seen unspoiled
                 message_id = outbox.enqueue(
                     conn,
@@ -413,8 +436,9 @@ def poison_rows(count: int, every: float) -> Fault:
                     payload={"poison": n},
                     key=f"poison-{n}" if n % 2 else None,  # its own key: it holds no writer's
                 )
+                spoil = text(f"UPDATE outbox_message SET {column} = {expression} WHERE id = :id")
                 conn.execute(
-                    text(f"UPDATE outbox_message SET {column} = {expression} WHERE id = :id"),
+                    spoil.bindparams(bindparam("id", type_=UUID)),
                     {"id": message_id, "value": value},
                 )
             ctx.poisoned.add(str(message_id))
