@@ -46,6 +46,10 @@ HeaderValue = str | int | float | bool
 INT32_TABLE = range(-(2**31), 2**31)
 
 
+# json.dumps with these options would build an encoder per call: one, made once, does the same.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 @dataclass(frozen=True, slots=True)
 class Encoded:
     body: bytes
@@ -58,7 +62,7 @@ def encode_payload(
     """Turn a payload into bytes and the content type that describes them."""
     if isinstance(payload, dict | list):
         try:
-            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            text = _JSON.encode(payload)
             body = text.encode("utf-8")
         except RecursionError:
             check_depth("payload", payload, max_depth)  # names the limit when it is lower
@@ -166,7 +170,8 @@ def _content_type(value: object) -> str:
 def _text(what: str, value: str, error: type[Exception]) -> int:
     """The UTF-8 size of a text field the database stores as text; refuses what it cannot hold."""
     try:
-        size = len(value.encode("utf-8"))
+        # ASCII text is its own UTF-8 (and holds no lone surrogate): no need to encode it.
+        size = len(value) if value.isascii() else len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise error(f"{what} is not valid UTF-8: {exc}") from exc
     # PostgreSQL's text and jsonb cannot hold U+0000; refused on every database so a message

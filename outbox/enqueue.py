@@ -33,10 +33,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from outbox.config import settings
+from outbox import pg_insert
+from outbox.config import LibrarySettings, settings
 from outbox.dberrors import sqlstate_of
 from outbox.errors import IdempotencyConflict, SchemaMissing
+from outbox.pg_insert import NOTIFY_CHANNEL as NOTIFY_CHANNEL  # the relay LISTENs on it
 from outbox.prepared import Prepared, prepare
+from outbox.ration import NotifyRation
 from outbox.schema import MYSQL, check_supported, is_missing_table, message
 from outbox.sessions import wrong_object
 
@@ -83,8 +86,17 @@ def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
     (an earlier message's, when its idempotency key is taken). `enqueue_async` runs this too, on
     the sync face of its AsyncConnection, so both translate errors and race the same way."""
     check_supported(conn.dialect.name)  # before any SQL
-    params = dict(prepared.params)
     statements = _statements(conn.dialect.name)
+    notify = statements.notify and _notify_now()
+    if pg_insert.covers(conn, prepared):
+        try:
+            pg_insert.insert_message(conn, prepared, notify=notify)  # the common path
+        except DBAPIError as exc:
+            if is_missing_table(exc):
+                raise SchemaMissing(SchemaMissing.__doc__) from exc
+            raise
+        return prepared.id
+    params = dict(prepared.params)
     if statements.server_clock:
         params["delay"] = prepared.wait or _ZERO
         params["delay_us"] = (prepared.wait or _ZERO) // _MICROSECOND
@@ -98,8 +110,8 @@ def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
             result = prepared.id
         else:
             result = _insert_idempotent(conn, statements, params, prepared.idempotency_key)
-        if statements.notify:
-            _maybe_notify(conn)
+        if notify:
+            conn.exec_driver_sql(f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')")
         return result
     except DBAPIError as exc:
         if is_missing_table(exc):
@@ -109,22 +121,20 @@ def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
 
 _ZERO = dt.timedelta(0)
 _MICROSECOND = dt.timedelta(microseconds=1)
-NOTIFY_CHANNEL = "outbox_relay"
-_last_notify = -1e9
+_ration: tuple[LibrarySettings, NotifyRation] | None = None  # and the settings it was made for
 
 
-def _maybe_notify(conn: Connection) -> None:
-    """Wake an idle relay when this transaction commits (PostgreSQL delivers NOTIFY at commit,
-    and not at all on rollback), rationed to one per notify_interval per process."""
-    global _last_notify
+def _notify_now() -> bool:
+    """Whether this insert should wake an idle relay at commit (PostgreSQL delivers NOTIFY at
+    commit, and not at all on rollback): the process's ration (outbox/ration.py) decides."""
+    global _ration
     current = settings()
     if not current.notify:
-        return
-    now = time.monotonic()
-    if now - _last_notify < current.notify_interval:
-        return
-    _last_notify = now
-    conn.exec_driver_sql(f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')")
+        return False
+    held = _ration
+    if held is None or held[0] is not current:  # a full bucket for each configure()
+        held = _ration = (current, NotifyRation(current.notify_rate, current.notify_burst))
+    return held[1].take(time.monotonic())
 
 
 _HAS_KEY = message.c.idempotency_key.isnot(None)

@@ -79,6 +79,7 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         hold_dead_keys=config.hold_dead_keys,
         scope=config.circuit_scope,
         statement_timeout=config.statement_timeout,
+        relaxed_commit=True,  # claims and marks wait for no disk (Dialect.relaxed_commit)
     )
     check_schema(store)
     publisher = Publisher(

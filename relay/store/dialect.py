@@ -214,6 +214,11 @@ class Dialect(ABC):
     listen: ClassVar[str | None] = None
     # Statements run on every new connection (session settings).
     on_connect: ClassVar[tuple[str, ...]] = ()
+    # Run on the relay loop's own connections (open_store(relaxed_commit=True)), where the
+    # database can: its commits return before their WAL is on disk. A write that a database
+    # crash loses can only make a message published again (same message_id), never lost: the
+    # application's own commit of the row stays synchronous. A claim then waits for no disk.
+    relaxed_commit: ClassVar[str | None] = None
     # The driver-level statement that sets a statement timeout (one parameter: milliseconds, as
     # text), where the database has one.
     statement_timeout: ClassVar[str | None] = None

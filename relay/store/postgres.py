@@ -386,6 +386,7 @@ class Postgres(Dialect):
     # Set on each new connection, in milliseconds as text (a URL's own `options` stay as given).
     # A cancelled statement (57014) is transient: the loop retries it.
     statement_timeout = "SELECT set_config('statement_timeout', %s, false)"
+    relaxed_commit = "SET synchronous_commit = off"
 
     def _prepare(self, *, blocking: str, resource: str) -> Statements:
         claim = _CLAIM.format(

@@ -428,6 +428,7 @@ def make_engine(
     pool_size: int = 3,
     statement_timeout: float | None = None,
     pool_timeout: float = 30.0,
+    relaxed_commit: bool = False,
 ) -> Engine:
     """An engine configured for the relay (autocommit: every statement is its own transaction).
     `statement_timeout` (seconds; None: none) cancels a statement that runs longer, where the
@@ -444,7 +445,8 @@ def make_engine(
     # A row's undecodable JSON becomes a value the wire refuses, not an error failing the claim.
     engine = create_engine(url, json_deserializer=load_stored_json, **options)
     timeout_sql = dialect.statement_timeout if statement_timeout is not None else None
-    if dialect.on_connect or timeout_sql:
+    relaxed_sql = dialect.relaxed_commit if relaxed_commit else None
+    if dialect.on_connect or timeout_sql or relaxed_sql:
         ms = str(max(1, round((statement_timeout or 0) * 1000)))
 
         def session_settings(dbapi_conn: Any, _record: Any) -> None:
@@ -462,6 +464,8 @@ def make_engine(
                 cursor.execute(statement)
             if timeout_sql:
                 cursor.execute(dialect.timeout_sql(dbapi_conn) or timeout_sql, (ms,))
+            if relaxed_sql:
+                cursor.execute(relaxed_sql)
             cursor.close()
 
         event.listen(engine, "connect", session_settings)
@@ -504,9 +508,16 @@ def open_store(
     scope: str = "exchange",
     clock: Callable[[], dt.datetime | None] = database_clock,
     statement_timeout: float = STATEMENT_TIMEOUT,
+    relaxed_commit: bool = False,
 ) -> SqlStore:
-    """Open the store at `db_url`; with `check`, fail now if the database is unreachable."""
-    engine = make_engine(db_url, statement_timeout=statement_timeout, pool_timeout=POOL_TIMEOUT)
+    """Open the store at `db_url`; with `check`, fail now if the database is unreachable.
+    `relaxed_commit`: the relay loop's store (Dialect.relaxed_commit)."""
+    engine = make_engine(
+        db_url,
+        statement_timeout=statement_timeout,
+        pool_timeout=POOL_TIMEOUT,
+        relaxed_commit=relaxed_commit,
+    )
     side = make_engine(
         db_url,
         pool_size=1,
