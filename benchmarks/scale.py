@@ -1,12 +1,15 @@
 """Scale and latency figures: `python -m benchmarks.scale` (part of `make bench`).
 
-- latency: commit-to-confirm at a steady 1,000 and 100 msg/s with the relay idle in between
-  (LISTEN on, and at 100 msg/s also with polling alone). Measured in the database, on one clock:
+- consumer-latency: commit-to-consumer at 100 msg/s after 3 s idle, beside RabbitMQ's own floor,
+  three interleaved runs (benchmarks/latency.py).
+- latency: commit-to-confirm at a steady 1,000 msg/s (LISTEN on) and at 100 msg/s with polling
+  alone, with the relay idle in between. Measured in the database, on one clock:
   `published_at` (the relay's mark, written after the broker's confirm) minus `created_at` (the
   INSERT, committed right after), so each figure is an upper bound on commit-to-confirm.
 - relays: the drain rate of one backlog with 1, 2 and 3 `outbox-relay run` processes.
-- wakeup-cost: commits/s of 8 writers (each transaction: one business row, plus an outbox row),
-  with NOTIFY off, rationed (the default) and on every commit, and the business row alone.
+- insert-cost, wakeup-cost: what enqueue costs a one-row transaction (beside a second plain row,
+  and on asyncpg beside txoutbox's insert), and 8 writers' commits/s with NOTIFY off, rationed
+  and on every commit: benchmarks/enqueue_cost.py, in interleaved rounds.
 - claim-flat: one claim of 500 with 1,000 ready rows, beside no published rows and beside 1M.
 - prepared-latency: commit-to-confirm at 100 msg/s without server-side prepared statements (the
   relay's default, which PgBouncer's transaction mode needs) and with them.
@@ -19,7 +22,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -31,7 +33,9 @@ from sqlalchemy.engine import make_url
 
 import outbox
 from benchmarks.drain import relay_command
+from benchmarks.enqueue_cost import insert_cost, wakeup_cost
 from benchmarks.fixtures import BenchDatabase, names
+from benchmarks.latency import consumer_latency
 from relay.store.sql_store import open_store
 
 ADMIN_URL = os.environ.get("BENCH_DB_URL", "postgresql+psycopg://root@127.0.0.1:5432/postgres")
@@ -134,6 +138,11 @@ def latency(
     )
 
 
+def _prepared(url: str) -> str:
+    """`url` with psycopg's server-side prepared statements on (its own default)."""
+    return make_url(url).update_query_dict({"prepare_threshold": "5"}).render_as_string(False)
+
+
 def prepared_latency(engine: Engine, url: str, seconds: float) -> list[Row]:
     """Latency at 100 msg/s without server-side prepared statements (the relay's default, for
     PgBouncer) and with them (psycopg's default): at one message per claim, each claim and mark
@@ -169,99 +178,6 @@ def relays(engine: Engine, url: str, total: int) -> list[Row]:
         one = one or rate
         rows.append((f"drain, {count} relay(s)", f"{rate:,.0f} msg/s", f"{rate / one:.2f}x one"))
     return rows
-
-
-def wakeup_cost(engine: Engine, seconds: float) -> list[Row]:
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "CREATE TABLE IF NOT EXISTS bench_order (id bigserial PRIMARY KEY, total int)"
-        )
-
-    def run(with_outbox: bool, notify: bool, interval: float) -> float:
-        _reset(engine)
-        outbox.configure(notify=notify, notify_interval=interval)
-        stop = threading.Event()
-        counts = [0] * 8
-
-        def writer(i: int) -> None:
-            with engine.connect() as conn:
-                while not stop.is_set():
-                    with conn.begin():
-                        conn.exec_driver_sql("INSERT INTO bench_order (total) VALUES (1)")
-                        if with_outbox:
-                            outbox.enqueue(conn, exchange=EXCHANGE, routing_key="r", payload={})
-                    counts[i] += 1
-
-        threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        time.sleep(seconds)
-        stop.set()
-        for t in threads:
-            t.join()
-        return sum(counts) / seconds
-
-    business = run(False, False, 0.1)
-    quiet = run(True, False, 0.1)
-    rationed = run(True, True, 0.1)
-    every = run(True, True, 0.0)
-    outbox.configure(notify=True, notify_interval=0.1)
-    return [
-        ("8 writers: business row only", f"{business:,.0f} commits/s", "1.00x"),
-        (
-            "8 writers: + outbox row, no NOTIFY",
-            f"{quiet:,.0f} commits/s",
-            f"{quiet / business:.2f}x",
-        ),
-        (
-            "8 writers: + outbox row, rationed NOTIFY (default)",
-            f"{rationed:,.0f} commits/s",
-            f"{rationed / quiet:.2f}x of no NOTIFY",
-        ),
-        (
-            "8 writers: + outbox row, NOTIFY every commit",
-            f"{every:,.0f} commits/s",
-            f"{every / quiet:.2f}x of no NOTIFY",
-        ),
-    ]
-
-
-def insert_cost(engine: Engine, seconds: float) -> list[Row]:
-    """One writer, one transaction at a time: what `enqueue` adds to a transaction that inserts
-    one business row, beside what any second INSERT adds (a round trip of its own)."""
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "CREATE TABLE IF NOT EXISTS bench_order (id bigserial PRIMARY KEY, total int)"
-        )
-    outbox.configure(notify=False)
-    business = "INSERT INTO bench_order (total) VALUES (1)"
-
-    def rate(extra: Callable[[Any], object] | None) -> float:
-        _reset(engine)
-        done, deadline = 0, time.perf_counter() + seconds
-        with engine.connect() as conn:
-            started = time.perf_counter()
-            while time.perf_counter() < deadline:
-                with conn.begin():
-                    conn.exec_driver_sql(business)
-                    if extra is not None:
-                        extra(conn)
-                done += 1
-            return done / (time.perf_counter() - started)
-
-    alone = rate(None)
-    second = rate(lambda c: c.exec_driver_sql(business))
-    enqueued = rate(lambda c: outbox.enqueue(c, exchange=EXCHANGE, routing_key="r", payload={}))
-    outbox.configure(notify=True, notify_interval=0.1)
-    return [
-        ("1 writer: business row only", f"{alone:,.0f} commits/s", "1.00x"),
-        ("1 writer: + a second business row", f"{second:,.0f} commits/s", f"{second / alone:.2f}x"),
-        (
-            "1 writer: + outbox.enqueue",
-            f"{enqueued:,.0f} commits/s",
-            f"{enqueued / alone:.2f}x (target >= 0.87x)",
-        ),
-    ]
 
 
 def claim_flat(engine: Engine, url: str, published: int) -> list[Row]:
@@ -308,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller, shorter phases")
     parser.add_argument(
         "--phases",
-        default="latency,relays,insert-cost,wakeup-cost,claim-flat,prepared-latency",
+        default="consumer-latency,latency,relays,insert-cost,wakeup-cost,claim-flat,prepared-latency",
         help="comma-separated",
     )
     args = parser.parse_args(argv)
@@ -324,14 +240,23 @@ def main(argv: list[str] | None = None) -> int:
     _broker("create")
     rows: list[Row] = []
     steps: list[tuple[str, Callable[[], Any]]] = [
+        ("consumer-latency", lambda: rows.extend(consumer_latency(
+            engine, AMQP_URL, EXCHANGE, EXCHANGE, {
+                "relay defaults": lambda: _relay(db.url),
+                "prepared statements": lambda: _relay(_prepared(db.url)),
+            }, seconds=seconds / 2,
+        ))),
         ("latency", lambda: rows.extend([
             latency(engine, db.url, 1000, seconds, True),
-            latency(engine, db.url, 100, seconds, True),
             latency(engine, db.url, 100, seconds, False),
         ])),
         ("relays", lambda: rows.extend(relays(engine, db.url, backlog))),
-        ("insert-cost", lambda: rows.extend(insert_cost(engine, seconds))),
-        ("wakeup-cost", lambda: rows.extend(wakeup_cost(engine, seconds))),
+        ("insert-cost", lambda: rows.extend(
+            insert_cost(engine, db.url, EXCHANGE, seconds / 3, lambda: _reset(engine), rounds=3)
+        )),
+        ("wakeup-cost", lambda: rows.extend(
+            wakeup_cost(engine, EXCHANGE, seconds / 3, lambda: _reset(engine), rounds=3)
+        )),
         ("claim-flat", lambda: rows.extend(claim_flat(engine, db.url, published))),
         ("prepared-latency", lambda: rows.extend(prepared_latency(engine, db.url, seconds))),
     ]  # fmt: skip
