@@ -150,6 +150,7 @@ def overview(snap: Snapshot) -> dict[str, Any]:
             "taken_at": snap.taken_at,
             "counts": {**c.by_state, "ready": c.ready, "delayed": c.delayed},
             "oldest_ready_age_s": c.oldest_ready_age_s,
+            "estimated": sorted(c.estimated),  # states whose counts are estimates
             "exchanges": snap.exchanges,
             "circuits": [present.resource(r, snap.taken_at) for r in snap.resources],
             "relays": None  # the console's role may not read them

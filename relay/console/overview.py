@@ -33,7 +33,10 @@ def render_page(snap: Snapshot | None, error: str | None, viewer: Viewer) -> Htm
     cards = [
         _card("ready", c.ready, "/messages?state=pending"),
         _card("delayed", c.delayed, "/messages?state=pending"),
-        *(_card(s, by.get(s, 0), f"/messages?state={s}") for s in STATES),
+        *(
+            _card(s, by.get(s, 0), f"/messages?state={s}", estimated=s in c.estimated)
+            for s in STATES
+        ),
         _card(
             "oldest ready",
             "-" if c.oldest_ready_age_s is None else f"{c.oldest_ready_age_s:.1f} s",
@@ -41,6 +44,13 @@ def render_page(snap: Snapshot | None, error: str | None, viewer: Viewer) -> Htm
         ),
     ]
     stale = render('<p class="problem">$e (showing older figures)</p>', e=error) if error else ""
+    if c.estimated:
+        stale = render(
+            '$stale<p class="note">~ marks an estimate: beside a large table, $states are '
+            "estimated from the database's statistics rather than counted.</p>",
+            stale=stale,
+            states=" and ".join(sorted(c.estimated)),
+        )
     body = render(
         "<h1>Overview</h1>$stale"
         '<p class="note">as of $at UTC (read in $took s; refreshed every few seconds)</p>'
@@ -59,9 +69,9 @@ def render_page(snap: Snapshot | None, error: str | None, viewer: Viewer) -> Htm
     return page("Overview", body, viewer, live=LIVE)
 
 
-def _card(label: str, value: object, href: str) -> Html:
+def _card(label: str, value: object, href: str, *, estimated: bool = False) -> Html:
     if isinstance(value, int):
-        value = f"{value:,}"
+        value = f"~{value:,}" if estimated else f"{value:,}"
     return render(
         '<a class="card" href="$href"><div class="n">$value</div>'
         '<div class="label">$label</div></a>',
@@ -201,7 +211,7 @@ def _exchanges(exchanges: Sequence[Mapping[str, Any]]) -> Html:
             render(
                 '<td class="num"><a href="$href">$n</a></td>',
                 href=link("/messages", {"exchange": [name], "state": [s]}),
-                n=e[s],
+                n=f"~{e[s]}" if s in e.get("estimated", ()) else e[s],
             )
             for s in STATES
         )

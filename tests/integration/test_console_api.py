@@ -594,7 +594,8 @@ def test_a_page_is_an_index_scan_however_many_rows_the_table_holds(
     pg_url: str, pg_engine: Engine
 ) -> None:
     """Beside 100,000 published rows, every page of the list (and of the dead ones) is read
-    through an index: no statement the console runs for it scans the table."""
+    through an index: no statement the console runs for it scans the table; the overview marks
+    its published count as the estimate it then is."""
     with pg_engine.begin() as conn:
         outbox.enqueue(conn, exchange="ex", routing_key="rk", payload={"n": 0})
     others = ", ".join(c.name for c in message.c if c.name not in ("seq", "id", "state"))
@@ -626,6 +627,19 @@ def test_a_page_is_an_index_scan_however_many_rows_the_table_holds(
     finally:
         engine.dispose()
     assert len(seen) == 3
+    # Beside that many rows the overview's published count is an estimate, and says so.
+    server = open_console(pg_url, host="127.0.0.1", port=0, token=None, trace_url=None)
+    server.start()
+    try:
+        server.console.monitor.refresh()
+        with client(server) as http:
+            seen_counts = http.get("/api/overview").json()
+            overview = http.get("/").text
+    finally:
+        server.stop()
+    assert "published" in seen_counts["estimated"]
+    assert seen_counts["counts"]["dead"] == 10  # counted, never estimated
+    assert "~ marks an estimate" in overview
 
 
 # --------------------------------------------------------------------------- least privilege
