@@ -168,7 +168,9 @@ def test_every_command_fails_in_one_line_when_nothing_answers(
     fill = {"show": ["00000000-0000-0000-0000-000000000000"], "cancel": [
         "00000000-0000-0000-0000-000000000000"], "replay": ["--state", "dead"],
         "discard": ["--state", "dead"], "purge": ["--older-than", "7d"],
-        "circuits reset": ["x"], "demo": ["--timeout", "1"]}  # fmt: skip
+        "circuits reset": ["x"], "demo": ["--timeout", "1"],
+        "reschedule": ["00000000-0000-0000-0000-000000000000", "--in", "10m"],
+        "prioritize": ["00000000-0000-0000-0000-000000000000", "5"]}  # fmt: skip
     argv = [*words.split(), "--db", DB_URL, "--amqp", AMQP_URL, *fill.get(words, [])]
     code = main(argv)
     out, err = capsys.readouterr()
