@@ -88,6 +88,9 @@ _NEEDS: dict[str, tuple[tuple[Capability, ...], str]] = {
     "replay": ((store_grants.CHANGE,), "--operator"),
     "discard": ((store_grants.CHANGE,), "--operator"),
     "cancel": ((store_grants.CHANGE,), "--operator"),
+    "reschedule": ((store_grants.CHANGE,), "--operator"),
+    "prioritize": ((store_grants.CHANGE,), "--operator"),
+    "console": ((store_grants.VIEW,), "--viewer"),
     "purge": ((store_grants.PURGE,), "--operator"),
 }
 

@@ -112,18 +112,25 @@ RELAY_RUN = Capability(
     ),
 )
 
-# status, messages, show, circuits: reads only.
+# status, messages, show, circuits and the console's pages: reads only. The console also shows
+# the relays alive (their heartbeats) and checks the schema version.
 VIEW = Capability(
     "view",
-    "status, messages, show, circuits (reads only)",
-    (*_table(MESSAGE, "SELECT"), *_table(ATTEMPT, "SELECT"), *_table(RESOURCE, "SELECT")),
+    "status, messages, show, circuits, console pages (reads only)",
+    (
+        *_table(MESSAGE, "SELECT"),
+        *_table(ATTEMPT, "SELECT"),
+        *_table(RESOURCE, "SELECT"),
+        *_table(RELAY, "SELECT"),
+        *_table(VERSION, "SELECT"),
+    ),
 )
 
-# replay, discard, cancel: one guarded UPDATE (and the unpark sweep, an UPDATE) plus one attempt
-# record per changed message.
+# replay, discard, cancel, reschedule, prioritize (and the console's same actions): one guarded
+# UPDATE (and the unpark sweep, an UPDATE) plus one attempt record per changed message.
 CHANGE = Capability(
     "change",
-    "replay, discard, cancel",
+    "replay, discard, cancel, reschedule, prioritize",
     (*_table(MESSAGE, "SELECT", "UPDATE"), *_table(ATTEMPT, "INSERT"), _usage(ATTEMPT_SEQ)),
 )
 
