@@ -85,7 +85,7 @@ def test_a_taken_key_waits_for_its_owner_and_answers_with_the_first_id(engine: E
         racer = threading.Thread(target=second)
         racer.start()
         # The racer's INSERT waits on the owner's uncommitted row (a lock wait, not an error).
-        wait_until(lock_waiting(engine), interval=0.25, what="the racer to wait on the owner")
+        wait_until(lock_waits(engine), interval=0.25, what="the racer to wait on the owner")
     racer.join(10)
     assert found == [first]
     with engine.connect() as conn:
@@ -104,13 +104,50 @@ def test_a_taken_key_whose_owner_rolls_back_is_the_racers(engine: Engine) -> Non
                 target=lambda: found.append(enqueue(engine, idempotency_key="k-2"))
             )
             racer.start()
-            wait_until(lock_waiting(engine), interval=0.25, what="the second INSERT to wait")
+            wait_until(lock_waits(engine), interval=0.25, what="the second INSERT to wait")
             transaction.rollback()
         racer.join(10)
     finally:
         owner.close()
     with engine.connect() as conn:
         assert conn.execute(select(message.c.id)).scalars().all() == found
+
+
+def test_two_racers_for_a_key_whose_owner_rolls_back_one_wins_one_is_told_to_retry(
+    engine: Engine,
+) -> None:
+    # InnoDB's documented case: both waiting INSERTs get a shared lock when the owner rolls
+    # back, both then need it exclusive, and the server rolls one of them back (1213).
+    outcomes: list[uuid.UUID | BaseException] = []
+
+    def racer() -> None:
+        try:
+            outcomes.append(enqueue(engine, idempotency_key="k-4"))
+        except outbox.IdempotencyConflict as exc:
+            outcomes.append(exc)
+
+    owner = engine.connect()
+    try:
+        with owner.begin() as transaction:
+            outbox.enqueue(
+                owner, exchange="orders", routing_key="r", payload={"n": 1}, idempotency_key="k-4"
+            )
+            racers = [threading.Thread(target=racer) for _ in range(2)]
+            for thread in racers:
+                thread.start()
+            wait_until(lock_waits(engine, 2), interval=0.25, what="both racers to wait")
+            transaction.rollback()
+        for thread in racers:
+            thread.join(10)
+    finally:
+        owner.close()
+    won = [o for o in outcomes if isinstance(o, uuid.UUID)]
+    told = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(won) == 1, outcomes
+    assert len(told) == 1, outcomes
+    assert "retry the transaction" in str(told[0])
+    with engine.connect() as conn:
+        assert conn.execute(select(message.c.id)).scalars().all() == won
 
 
 def test_the_callers_transaction_goes_on_after_a_taken_key(engine: Engine) -> None:
@@ -127,18 +164,16 @@ def test_the_callers_transaction_goes_on_after_a_taken_key(engine: Engine) -> No
     assert ids == {first, before, after}
 
 
-def lock_waiting(engine: Engine) -> Callable[[], bool]:
-    """Whether a transaction waits for a row lock. Polled slowly: the server refreshes what
-    innodb_trx shows only when it was last read more than 0.1 s ago."""
+def lock_waits(engine: Engine, at_least: int = 1) -> Callable[[], bool]:
+    """Whether `at_least` transactions wait for a row lock. Polled slowly: the server refreshes
+    what innodb_trx shows only when it was last read more than 0.1 s ago."""
 
     def waiting() -> bool:
         with engine.connect() as conn:
-            return bool(
-                conn.exec_driver_sql(
-                    "SELECT count(*) FROM information_schema.innodb_trx "
-                    "WHERE trx_state = 'LOCK WAIT'"
-                ).scalar_one()
-            )
+            found = conn.exec_driver_sql(
+                "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+            ).scalar_one()
+        return int(found) >= at_least
 
     return waiting
 
