@@ -13,6 +13,8 @@ Phases, in order (choose with --phases):
   store        diagnostic: the store's claim + mark_published alone, nothing published
   publisher    diagnostic: relay.Publisher alone, fed pre-built messages, no database
   enqueue      what outbox.enqueue costs a one-row transaction (commits/s with and without it)
+  wakeup       commit-to-confirm with polling alone (no LISTEN, as on MySQL): single messages
+               into an idle relay, and a steady 100 msg/s
 
 --db names the server: PostgreSQL (the default), or MySQL/MariaDB, e.g.
 `--db mariadb://root@127.0.0.1:3306/test` (every phase but `prepared`, which is psycopg's).
@@ -59,6 +61,7 @@ from benchmarks.fixtures import (
     names,
 )
 from benchmarks.insert_cost import measure_insert_cost
+from benchmarks.wakeup import measure_wakeup
 from relay.ports import Outgoing
 
 PHASES = (
@@ -70,6 +73,7 @@ PHASES = (
     "store",
     "publisher",
     "enqueue",
+    "wakeup",
 )
 POSTGRESQL_ONLY = ("prepared",)
 # psycopg's own default: a statement is prepared on the server at its fifth run.
@@ -206,7 +210,8 @@ def _run(
     payloads = [encode(make_payload(i, args.payload_bytes)) for i in range(n)]
     now = time.time()
 
-    if {"in-process", "subprocess", "one-at-a-time", "prepared", "store", "enqueue"} & set(phases):
+    needs_backlog = {"in-process", "subprocess", "one-at-a-time", "prepared", "store"}
+    if (needs_backlog | {"enqueue", "wakeup"}) & set(phases):
         db.create()
         _say(f"loading {n} messages through outbox.enqueue ...")
         seconds = db.load(n, args.payload_bytes, broker.exchange)
@@ -238,6 +243,7 @@ FIGURES = {
     "store": "diagnostic: store only, claim+mark, no broker",
     "publisher": "diagnostic: relay.Publisher only, no DB",
     "enqueue": "outbox.enqueue in a one-row transaction",
+    "wakeup": "commit-to-confirm, polling alone",
 }
 DIAG = ("store", "publisher")
 
@@ -338,6 +344,14 @@ def _phase(
         row.rates.append(cost.ratio)
         row.extras.append(cost.describe())
         _say(f"  {cost.describe()}")
+    elif phase == "wakeup":
+        _say(f"wake-up: commit-to-confirm with polling alone{tag} ...")
+        found = measure_wakeup(db, args.amqp, broker.exchange)
+        broker.purge()
+        row = results.setdefault(phase, Row(FIGURES[phase]))
+        row.rates.append(found[0].p50_ms)
+        row.extras.append("; ".join(f.describe() for f in found))
+        _say(f"  {row.extras[-1]}")
     elif phase == "publisher":
         _say(f"diagnostic: relay.Publisher only, pre-built messages{tag} ...")
         items = [
@@ -427,7 +441,7 @@ def _report(
     base = ceiling.rate if ceiling else None
     lines: list[tuple[str, str, str]] = []
     for key, row in results.items():
-        if key == "enqueue":  # a ratio to its own baseline, not a rate: below the table
+        if key in ("enqueue", "wakeup"):  # not rates: below the table
             continue
         if key.endswith("-rss"):
             lines.append((row.figure, f"{max(row.rates):,.0f} MiB", "-"))
