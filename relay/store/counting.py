@@ -39,15 +39,17 @@ def _exact(stats: TableStats | None) -> bool:
 def state_counts(dialect: Dialect, conn: Connection, now: dt.datetime | None) -> StateCounts:
     """Every state's count (states without rows left out), ready and delayed, and the oldest
     ready age. `now` is bound as :now (None: the database's clock)."""
-    stats = dialect.table_stats(conn)
-    ready, delayed, age = conn.execute(dialect.sql.pending_summary, {"now": now}).one()
-    ready, delayed = int(ready or 0), int(delayed or 0)
-    by_state = {State.PENDING.value: ready + delayed}
-    by_state.update(_pairs(conn.execute(_COUNT_OPEN)))
-    if _exact(stats):
-        by_state.update(_pairs(conn.execute(_COUNT_SETTLED)))
-        estimated: frozenset[str] = frozenset()
-    else:
+    with dialect.reading(conn):
+        stats = dialect.table_stats(conn)
+        ready, delayed, age = conn.execute(dialect.sql.pending_summary, {"now": now}).one()
+        ready, delayed = int(ready or 0), int(delayed or 0)
+        by_state = {State.PENDING.value: ready + delayed}
+        by_state.update(_pairs(conn.execute(_COUNT_OPEN)))
+        exact = _exact(stats)
+        if exact:
+            by_state.update(_pairs(conn.execute(_COUNT_SETTLED)))
+    estimated: frozenset[str] = frozenset()
+    if not exact:
         assert stats is not None
         by_state.update(estimates.settled(stats, by_state))
         estimated = ESTIMATED
@@ -59,21 +61,22 @@ def state_counts(dialect: Dialect, conn: Connection, now: dt.datetime | None) ->
 def exchange_counts(dialect: Dialect, conn: Connection, now: dt.datetime) -> list[dict[str, Any]]:
     """Per exchange, by name: the count of every state (None where not even an estimate can be
     made), `oldest_ready_age_s` and `estimated` (the states whose figures are estimates)."""
-    stats = dialect.table_stats(conn)
     counted: dict[str, dict[str, int]] = {}
     oldest: dict[str, dt.datetime] = {}
-    for row in conn.execute(_EXCHANGE_OPEN, {"now": now}):
-        mine = counted.setdefault(row.exchange, {})
-        mine[row.state] = mine.get(row.state, 0) + int(row.n)
-        if row.oldest is not None:
-            due = _utc(row.oldest)
-            oldest[row.exchange] = min(due, oldest.get(row.exchange, due))
     settled: dict[str, dict[str, int | None]] = {}
-    if _exact(stats):
-        for exchange, state, n in conn.execute(_EXCHANGE_SETTLED):
-            settled.setdefault(exchange, {})[state] = int(n)
-        estimated: list[str] = []
-    else:
+    with dialect.reading(conn):
+        stats = dialect.table_stats(conn)
+        for row in conn.execute(_EXCHANGE_OPEN, {"now": now}):
+            mine = counted.setdefault(row.exchange, {})
+            mine[row.state] = mine.get(row.state, 0) + int(row.n)
+            if row.oldest is not None:
+                due = _utc(row.oldest)
+                oldest[row.exchange] = min(due, oldest.get(row.exchange, due))
+        if _exact(stats):
+            for exchange, state, n in conn.execute(_EXCHANGE_SETTLED):
+                settled.setdefault(exchange, {})[state] = int(n)
+    estimated: list[str] = []
+    if not _exact(stats):
         assert stats is not None
         totals: dict[str, int] = {}
         for mine in counted.values():

@@ -317,6 +317,13 @@ class Dialect(ABC):
         return None
 
     @contextmanager
+    def reading(self, conn: Connection) -> Iterator[None]:
+        """Around the counting statements (relay/store/counting.py), on an autocommit connection
+        or inside the caller's transaction: whatever makes them run as they were planned to.
+        Nothing by default."""
+        yield
+
+    @contextmanager
     def transaction(self, conn: Connection) -> Iterator[None]:
         """One write transaction on an autocommit connection: what is read inside is locked
         until it commits (FOR UPDATE on PostgreSQL; SQLite's write lock, taken by BEGIN)."""

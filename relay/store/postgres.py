@@ -11,7 +11,9 @@ clock, the one clock every relay shares; tests bind a frozen time.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection
@@ -274,29 +276,40 @@ FROM ({"UNION ALL".join(_PENDING_PART.format(where=w) for w in common.PENDING_PA
 
 # What PostgreSQL knows of outbox_message without reading it, for estimating its published and
 # cancelled rows (relay/store/estimates.py): the heap's size now, the statistics system's running
-# count of live rows and whether a VACUUM or ANALYZE has set it since the statistics began, the
-# planner's figures, and ANALYZE's most common states and exchanges with their shares. Catalog
-# reads and the statistics system's memory: a fraction of a millisecond at any table size. The
+# count of live rows and whether a VACUUM or ANALYZE has set it since the statistics began, and
+# the planner's figures. Catalog reads and the statistics system's memory, at any table size. The
 # table is found through the search_path, as every other statement finds it; no row when it does
 # not exist.
-TABLE_STATS = """
+TABLE_SIZE = """
 SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint AS pages,
        pg_stat_get_live_tuples(c.oid) AS live_tuples,
        coalesce(pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid),
                 pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid))
            IS NOT NULL AS measured,
-       c.reltuples, c.relpages,
-       st.most_common_vals::text::text[] AS states, st.most_common_freqs AS state_freqs,
-       ex.most_common_vals::text::text[] AS exchanges, ex.most_common_freqs AS exchange_freqs
+       c.reltuples, c.relpages
 FROM pg_class AS c
-JOIN pg_namespace AS n ON n.oid = c.relnamespace
-LEFT JOIN pg_stats AS st
-    ON st.schemaname = n.nspname AND st.tablename = c.relname AND st.attname = 'state'
-LEFT JOIN pg_stats AS ex
-    ON ex.schemaname = n.nspname AND ex.tablename = c.relname AND ex.attname = 'exchange'
 WHERE c.oid = to_regclass('outbox_message')
 """
-_TABLE_STATS = compile_sql(TABLE_STATS)
+
+# ANALYZE's most common states and exchanges with their shares of the rows, read only beside a
+# large table (where they are used). The table's name is a constant and its schema a value, so
+# the planner goes to its catalog rows by index; joined to the table's name instead, pg_stats
+# reads the column names of every table in the database.
+TABLE_SHARES = """
+SELECT attname, most_common_vals::text::text[] AS vals, most_common_freqs AS freqs
+FROM pg_stats
+WHERE tablename = 'outbox_message' AND attname IN ('state', 'exchange')
+  AND schemaname = (SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n
+                    ON n.oid = c.relnamespace WHERE c.oid = to_regclass('outbox_message'))
+"""
+
+# Counting reads a few rows through the partial indexes, but the planner, guessing a share of a
+# large table for each state it has no statistics of, may plan parallel workers, whose start
+# costs more than the whole count. Off for the counting transaction only (set_config's is_local).
+NO_PARALLEL = "SELECT set_config('max_parallel_workers_per_gather', '0', true)"
+READ_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+_TABLE_SIZE = compile_sql(TABLE_SIZE)
+_TABLE_SHARES = compile_sql(TABLE_SHARES)
 
 # ------------------------------------------------------------------------ the console's charts
 
@@ -478,15 +491,37 @@ class Postgres(Dialect):
         return int(count), None if last is None else uuid.UUID(str(last))
 
     def table_stats(self, conn: Connection) -> TableStats | None:
-        found = conn.execute(_TABLE_STATS).one_or_none()
+        found = conn.execute(_TABLE_SIZE).one_or_none()
         if found is None:
             return None  # no such table: the counting statements say so
-        return TableStats(
+        stats = TableStats(
             pages=int(found.pages),
             live_tuples=int(found.live_tuples),
             measured=bool(found.measured),
             reltuples=float(found.reltuples),
             relpages=int(found.relpages),
-            state_shares=shares(found.states, found.state_freqs),
-            exchange_shares=shares(found.exchanges, found.exchange_freqs),
         )
+        if stats.small:
+            return stats  # counted exactly: no shares needed
+        found_shares = conn.execute(_TABLE_SHARES)
+        by_column = {row.attname: shares(row.vals, row.freqs) for row in found_shares}
+        return replace(
+            stats,
+            state_shares=by_column.get("state", {}),
+            exchange_shares=by_column.get("exchange", {}),
+        )
+
+    @contextmanager
+    def reading(self, conn: Connection) -> Iterator[None]:
+        # The statements see one snapshot, and run without parallel workers (NO_PARALLEL), in a
+        # transaction of their own on the store's autocommit connection, or in the caller's.
+        if not conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
+            conn.exec_driver_sql(NO_PARALLEL)
+            yield
+            return
+        conn.exec_driver_sql(READ_SNAPSHOT)
+        try:
+            conn.exec_driver_sql(NO_PARALLEL)
+            yield
+        finally:
+            conn.exec_driver_sql("ROLLBACK")  # read only: nothing to keep

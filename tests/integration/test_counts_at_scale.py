@@ -24,6 +24,7 @@ from sqlalchemy import Engine, create_engine, event, func, select
 import outbox
 from outbox.schema import message
 from relay.store import admin
+from relay.store.databases import dialect_for
 from relay.store.estimates import EXACT_PAGES
 from relay.store.sql_store import SqlStore
 
@@ -173,20 +174,43 @@ def test_no_statement_of_status_or_the_gauges_reads_the_table_sequentially(
     assert len(counting) >= 4, ran  # the table's figures, pending, the other states, by exchange
 
     used: set[str] = set()
-    with beside_many.connect() as conn:
+    dialect = dialect_for("postgresql")
+    with beside_many.connect() as conn, dialect.reading(conn):  # as counting runs them
         for statement, params in counting:
-            (plan,) = conn.exec_driver_sql(
-                f"EXPLAIN (FORMAT JSON) {statement}", params
-            ).scalar_one()
+            explain = f"EXPLAIN (FORMAT JSON) {statement}"
+            (plan,) = conn.exec_driver_sql(explain, params).scalar_one()
             nodes = list(walk(plan["Plan"]))
             scans = [n for n in nodes if n.get("Relation Name") == "outbox_message"]
             assert all(n["Node Type"] != "Seq Scan" for n in scans), (statement, plan)
+            assert not any(n.get("Parallel Aware") or "Gather" in n["Node Type"] for n in nodes)
             indexes = {
                 n["Index Name"] for n in nodes if n.get("Index Name", "").startswith("outbox")
             }
             assert indexes <= PARTIAL, (statement, indexes)
             used |= indexes
     assert used == PARTIAL  # every partial index does its part
+
+
+def test_counting_runs_without_parallel_workers_in_a_transaction_of_its_own(
+    beside_many: Engine,
+) -> None:
+    # A setting for the counting transaction only: nothing is left on the connection after it
+    # (a pooler lends server connections to others), on the store's autocommit connection and
+    # inside an operator's transaction alike.
+    dialect = dialect_for("postgresql")
+    setting = "SHOW max_parallel_workers_per_gather"
+    autocommit = beside_many.execution_options(isolation_level="AUTOCOMMIT")
+    for engine in (autocommit, beside_many):
+        with engine.connect() as conn:
+            before = conn.exec_driver_sql(setting).scalar_one()
+            assert before != "0"
+            with dialect.reading(conn):
+                assert conn.exec_driver_sql(setting).scalar_one() == "0"
+                assert conn.exec_driver_sql("SHOW transaction_read_only").scalar_one() == (
+                    "on" if engine is autocommit else "off"
+                )
+            conn.commit()
+            assert conn.exec_driver_sql(setting).scalar_one() == before
 
 
 def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
