@@ -15,9 +15,10 @@ DEFAULT_MAX_JSON_DEPTH = 64
 # header frame is larger could never be published.
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 # NOTIFYs per second per process, and how many may go at once: a steady 100 msg/s notifies on
-# every message; 8 writers at full speed lose under 10% of their commits to the lock
-# (benchmarks/enqueue_cost.py measures both).
-DEFAULT_NOTIFY_RATE = 200.0
+# every message, and a flood of commits no more often than that. Each notifying commit holds the
+# lock through its WAL flush, so the cost grows with the rate times the commit time
+# (benchmarks/enqueue_cost.py measures it with 8 writers).
+DEFAULT_NOTIFY_RATE = 100.0
 DEFAULT_NOTIFY_BURST = 10
 
 
