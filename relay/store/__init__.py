@@ -1,6 +1,6 @@
-"""The relay's database adapter: one SqlStore running a Dialect (postgres.py, sqlite.py), the
-operator's queries (admin.py), retention (retention.py), and the one place driver errors become
-the relay's (sql_store.translated)."""
+"""The relay's database adapter: one SqlStore running a Dialect (postgres.py, mysql.py,
+sqlite.py), the operator's queries (admin.py), retention (retention.py), and the one place driver
+errors become the relay's (sql_store.translated)."""
 
 from relay.store.databases import database_url, dialect_for
 from relay.store.sql_store import (
