@@ -331,6 +331,10 @@ class Dialect(ABC):
         try:
             yield
         except BaseException:
-            conn.exec_driver_sql("ROLLBACK")
+            # A lost connection took the transaction with it on the server, and SQLAlchemy
+            # refuses an invalidated connection any statement (PendingRollbackError, which is
+            # no driver error and would crash the relay): the error to report is the first one.
+            if not conn.invalidated:
+                conn.exec_driver_sql("ROLLBACK")
             raise
         conn.exec_driver_sql("COMMIT")

@@ -11,6 +11,7 @@ import datetime as dt
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, inspect, select
@@ -19,8 +20,9 @@ from sqlalchemy.engine import make_url
 import outbox
 from outbox.migrate import MYSQL_INDEXES, inspect_schema
 from outbox.schema import message, schema_version
+from relay.errors import DatabaseUnavailable
 from relay.store import admin
-from relay.store.sql_store import open_store
+from relay.store.sql_store import open_store, translated
 from tests.conftest import Broker, RelayFactory, make_app_engine, wait_until
 
 
@@ -36,7 +38,7 @@ def engine(mysql_url: str) -> Iterator[Engine]:
     engine.dispose()
 
 
-def enqueue(engine: Engine, exchange: str = "orders", **options: object) -> uuid.UUID:
+def enqueue(engine: Engine, exchange: str = "orders", **options: Any) -> uuid.UUID:
     with engine.begin() as conn:
         return outbox.enqueue(
             conn, exchange=exchange, routing_key="order.created", payload={"n": 1}, **options
@@ -282,5 +284,32 @@ def test_a_connection_the_server_killed_is_replaced_before_use(engine: Engine) -
             other.exec_driver_sql(f"KILL CONNECTION {int(victim)}")
         enqueue(engine)
         assert store.counts().ready == 1  # through the pool, on a new connection
+    finally:
+        store.close()
+
+
+def test_a_connection_lost_inside_a_transaction_is_the_database_being_unavailable(
+    engine: Engine,
+) -> None:
+    # Not SQLAlchemy's PendingRollbackError from a ROLLBACK on the dead connection, which is no
+    # driver error: the relay would crash instead of waiting for the database (found by the
+    # chaos suite's database cut).
+    store = open_store(engine.url.render_as_string(hide_password=False))
+
+    def killed_mid_transaction() -> None:
+        with (
+            translated(store.engine),
+            store.engine.connect() as conn,
+            store.dialect.transaction(conn),
+        ):
+            victim = conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one()
+            with engine.connect() as other:
+                other.exec_driver_sql(f"KILL CONNECTION {int(victim)}")
+            conn.exec_driver_sql("SELECT 1")
+
+    try:
+        with pytest.raises(DatabaseUnavailable, match="Lost connection"):
+            killed_mid_transaction()
+        assert store.counts().ready == 0  # and the store goes on, on a new connection
     finally:
         store.close()
