@@ -41,11 +41,12 @@ integration: $(STAMP) services
 	$(PY) -m pytest tests/integration tests/e2e -q
 
 # Most tests wait on the broker and the database, not the CPU: several workers overlap the waits.
-# Tests that change what all of them share (a broker-wide alarm) run alone afterwards.
+# Full-speed drains share one worker (xdist_group "heavy"), so they never starve each other;
+# tests that change what all of them share (a broker-wide alarm) run alone afterwards.
 TEST_WORKERS ?= 4
 
 test: $(STAMP) services lint typecheck
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
 	$(PY) -m pytest -q -m serial
 
 chaos: $(STAMP) services
@@ -53,6 +54,7 @@ chaos: $(STAMP) services
 
 bench: $(STAMP) services
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks --db mariadb://root@127.0.0.1:3306/test --phases ceiling,in-process,subprocess,enqueue,wakeup
 	$(PY) -m benchmarks.scale
 
 clean:

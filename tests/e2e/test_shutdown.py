@@ -15,7 +15,8 @@ import outbox
 from tests.conftest import AMQP_URL, Broker, states, wait_until
 from tests.e2e.test_cli import environment
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+# Full-speed drains: one at a time beside the light tests (make test's --dist loadgroup).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120), pytest.mark.xdist_group("heavy")]
 
 TOTAL = 20_000
 

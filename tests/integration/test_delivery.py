@@ -143,6 +143,7 @@ def test_an_open_transaction_is_not_delivered_until_it_commits(
 
 
 @pytest.mark.timeout(180)  # the collect below bounds the wait; this bounds a hang
+@pytest.mark.xdist_group("heavy")  # a full-speed drain: not beside another one
 def test_ten_thousand_messages_each_arrive_exactly_once_with_their_own_id(
     app_engine: Engine, broker: Broker, relay_factory: RelayFactory, db_url: str
 ) -> None:

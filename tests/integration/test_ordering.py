@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 FAST_RETRIES = RetryPolicy(base=0.05, cap=0.3, floor=0.01, max_attempts=1000)
 
 
+@pytest.mark.xdist_group("heavy")
 def test_three_relays_keep_per_key_order_while_publishes_fail_and_are_retried(
     pg_url: str, pg_engine: Engine, broker: Broker, relay_factory: RelayFactory
 ) -> None:
@@ -31,7 +32,7 @@ def test_three_relays_keep_per_key_order_while_publishes_fail_and_are_retried(
         bind_to=exchange, arguments={"x-max-length": 100, "x-overflow": "reject-publish"}
     )
     relays = [relay_factory(pg_url, policy=FAST_RETRIES, batch_size=100) for _ in range(3)]
-    keys, per_key, unkeyed = 200, 15, 500
+    keys, per_key, unkeyed = 100, 10, 300
     sent: dict[str, list[int]] = defaultdict(list)
     ids: list[uuid.UUID] = []
     # Interleave keys across transactions, as independent requests would.
