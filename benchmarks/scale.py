@@ -13,6 +13,8 @@
 - claim-flat: one claim of 500 with 1,000 ready rows, beside no published rows and beside 1M.
 - prepared-latency: commit-to-confirm at 100 msg/s without server-side prepared statements (the
   relay's default, which PgBouncer's transaction mode needs) and with them.
+- observability: `/metrics` and `outbox-relay status` beside 0, 1M and 10M published rows
+  (benchmarks/observability.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from benchmarks.drain import relay_command
 from benchmarks.enqueue_cost import insert_cost, wakeup_cost
 from benchmarks.fixtures import BenchDatabase, names
 from benchmarks.latency import consumer_latency
+from benchmarks.observability import observability
 from relay.store.sql_store import open_store
 
 ADMIN_URL = os.environ.get("BENCH_DB_URL", "postgresql+psycopg://root@127.0.0.1:5432/postgres")
@@ -224,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller, shorter phases")
     parser.add_argument(
         "--phases",
-        default="consumer-latency,latency,relays,insert-cost,wakeup-cost,claim-flat,prepared-latency",
+        default="consumer-latency,latency,relays,insert-cost,wakeup-cost,claim-flat,prepared-latency,observability",
         help="comma-separated",
     )
     args = parser.parse_args(argv)
@@ -232,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = 3.0 if args.quick else 10.0
     backlog = 10_000 if args.quick else 50_000
     published = 100_000 if args.quick else 1_000_000
+    beside = (100_000, 1_000_000) if args.quick else (1_000_000, 10_000_000)
 
     db = BenchDatabase(ADMIN_URL, names() + "_scale")
     db.create()
@@ -259,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         )),
         ("claim-flat", lambda: rows.extend(claim_flat(engine, db.url, published))),
         ("prepared-latency", lambda: rows.extend(prepared_latency(engine, db.url, seconds))),
+        ("observability", lambda: rows.extend(observability(engine, db.url, AMQP_URL, beside))),
     ]  # fmt: skip
     try:
         for name, step in steps:
