@@ -39,8 +39,9 @@ class Claimed:
     created_at: dt.datetime
     traceparent: str | None
     tracestate: str | None
-    # The last lease on it ended unsettled (its relay died holding it): it is claimed alone and
-    # must be published with nothing else in flight (relay/store/common.py, ALONE).
+    # The last lease on it ended unsettled (its relay died holding it): it is claimed with other
+    # suspects only, or alone, and must be published with nothing else in flight
+    # (relay/store/common.py, GROUPED).
     suspect: bool = False
 
 
@@ -65,10 +66,12 @@ class Store(Protocol):
         lease_seconds: float,
         exclude: Sequence[str] = (),
         only: str | None = None,
+        suspect_group: int = 1,
     ) -> list[Claimed]:
         """Lease up to `limit` ready rows to `token`, highest priority and oldest due first.
 
-        Rows whose resource part is in `exclude` are passed by; with `only`, just that part's."""
+        Rows whose resource part is in `exclude` are passed by; with `only`, just that part's.
+        Suspects are claimed apart: at most `suspect_group` together, or one alone."""
 
     def has_ready(self, part: str) -> bool:
         """Whether a message of the resource `part` is ready to be claimed."""
@@ -117,6 +120,25 @@ class Store(Protocol):
 
     def heartbeat(self, relay_id: str) -> None:
         """Say this relay is alive (outbox_relay)."""
+
+    def register_relay(self, relay_id: str) -> dt.datetime:
+        """Begin a run of this relay (its heartbeat row, taken over from any earlier run of the
+        same id); return the time that names the run."""
+
+    def beat(self, relay_id: str, started_at: dt.datetime) -> bool:
+        """Say the run `started_at` is alive; False when its row is gone (another relay found
+        its heartbeat stopped, and took its leases) or names another run."""
+
+    def reclaim_owner(self, relay_id: str, *, max_attempts: int = 10) -> int:
+        """Do to every row leased to `relay_id` what reclaim_expired does to an expired lease:
+        an earlier run of this relay id died holding them."""
+
+    def reclaim_dead(
+        self, *, relay_id: str, dead_after: float, max_attempts: int = 10
+    ) -> tuple[list[str], int]:
+        """Forget the relays (not `relay_id`) whose heartbeat is older than `dead_after` seconds
+        and take their leases back as reclaim_expired would; return those relays and how many
+        rows came back."""
 
     def forget_relay(self, relay_id: str) -> None:
         """Remove this relay's heartbeat on a clean stop."""

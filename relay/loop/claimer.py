@@ -1,29 +1,47 @@
-"""Claiming: lease ready rows and hand them to the publisher, and pace the claims.
+"""Claiming: lease ready rows, hand them to the publisher as its window allows, and pace the
+claims.
 
 Each claim is the main claim (every resource but those with an open circuit or a rate limit),
 then one probe per circuit whose cooldown is over and each rate-limited resource's share of
-tokens. Claims are pipelined: while one batch waits for its confirms the next is claimed and
-published, up to `max_in_flight` messages.
+tokens. Claimed rows go to the publisher in chunks while fewer than `max_unconfirmed` messages
+wait for their confirms (`pump`), and the next batch is claimed while one is still being sent:
+the broker always has work, and few messages are unconfirmed at any moment, so a relay killed
+mid-drain leaves little for the next one to send again.
 
-A suspect (a row whose relay died holding it; the store claims one alone) is quarantined: it is
-published only once nothing else is in flight, and nothing else is claimed until it settles. If
-it kills this relay too, it is the only row that dies with it.
+Suspects (rows whose relay died holding them; the store claims them apart, in a group or alone)
+are quarantined: published only once nothing else is in flight, and nothing else is claimed until
+they settle. If they kill this relay too, only they die with it.
+
+Nothing is claimed or sent while the relay's heartbeat is not fresh (`fresh`): others may be
+about to take its leases over (relay/loop/pulse.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from relay.core.outcome import Fate, Outcome
 from relay.loop.circuits import ResourceGuard
 from relay.loop.counts import Counts
-from relay.loop.leases import Finished, Lease, Leases
+from relay.loop.leases import Chunk, Finished, Lease, Leases
 from relay.loop.observer import Observer
 from relay.loop.settings import LoopSettings
 from relay.ports import Claimed, MalformedRow, Outgoing, Publisher, Store
 
 DB_BACKOFF_MAX = 5.0  # seconds: the longest pause in claiming while the database fails
+# Rows handed to the publisher at a time: small enough that confirms come back (and are marked)
+# continuously, several to a window; large enough that handing over costs little.
+CHUNK_MAX = 64
+# Suspects claimed together at most: if they kill this relay too, each of them is then
+# published alone (relay/store/common.py, GROUPED), at a few milliseconds apiece.
+SUSPECT_GROUP = 100
+
+
+def _always_fresh(_now: float) -> bool:
+    return True
 
 
 class Claimer:
@@ -38,6 +56,7 @@ class Claimer:
         leases: Leases,
         finished: Callable[[Finished], None],  # takes outcomes, from the publisher's thread
         clock: Callable[[], float],
+        fresh: Callable[[float], bool] = _always_fresh,  # the heartbeat allows claims
     ) -> None:
         self._store = store
         self._publisher = publisher
@@ -47,10 +66,13 @@ class Claimer:
         self._leases = leases
         self._finished = finished
         self._clock = clock
+        self._fresh = fresh
         self._next_claim = 0.0
         self._empty = 0  # consecutive claims that found nothing
         self._db_backoff = 0.0
-        self._suspect: Lease | None = None  # a quarantined suspect, sent or waiting to be
+        self._suspect: Lease | None = None  # quarantined suspects, sent or waiting to be
+        self._chunks = itertools.count(1)
+        self._chunk = max(1, min(CHUNK_MAX, config.max_unconfirmed // 4))
 
     # ----------------------------------------------------------------- pacing
 
@@ -64,18 +86,25 @@ class Claimer:
         self._db_backoff = min(DB_BACKOFF_MAX, max(0.1, self._db_backoff * 2))
         self._next_claim = self._clock() + self._db_backoff
 
+    def forget(self) -> None:
+        """Every lease was given back: no suspect holds claiming any more."""
+        self._suspect = None
+
     def next_turn(self, now: float) -> float:
         """The clock time the loop should next call `claim` (an outcome wakes it sooner)."""
         config, publisher = self._config, self._publisher
         if not publisher.ready:
             return now + 0.1
+        leases = self._leases
         if (
             publisher.blocked
             or self._suspect is not None  # a settlement (an inbox event) moves it on
-            or self._leases.in_flight >= config.max_in_flight
+            or leases.in_flight >= config.max_in_flight
+            or leases.unsent >= config.batch_size  # the window is full: an answer frees it
+            or not self._fresh(now)  # the heartbeat wakes the loop when it is fresh again
         ):
-            # Nothing to claim until a batch settles or the broker unblocks. Returning `now`
-            # here would spin and starve the publisher thread of the GIL.
+            # Nothing to claim until an answer comes, the broker unblocks or the heartbeat is
+            # fresh. Returning `now` here would spin and starve the publisher thread of the GIL.
             return now + config.poll_interval
         until = max(self._next_claim, now)
         tokens_due = self._guard.next_token_due()
@@ -87,14 +116,19 @@ class Claimer:
 
     def claim(self, counts: Counts, now: float) -> None:
         """Claim as much as there is room for, if a claim is due. May raise DatabaseUnavailable."""
-        publisher, config = self._publisher, self._config
+        publisher, config, leases = self._publisher, self._config, self._leases
         if not publisher.ready or now < self._next_claim:
             return
         if publisher.blocked:
             return  # the broker is pushing back (resource alarm): claim nothing new
-        if self._quarantined(now):
+        if not self._fresh(now):
             return
-        room = config.max_in_flight - self._leases.in_flight
+        if self._quarantined():
+            self.pump(now)  # they go once what was in flight beside them has settled
+            return
+        if leases.unsent >= config.batch_size:
+            return  # a batch waits for the window already: claim the next as it goes out
+        room = config.max_in_flight - leases.in_flight
         limit = min(config.batch_size, room)
         if limit <= 0:
             return
@@ -132,13 +166,14 @@ class Claimer:
                 lease_seconds=self._config.lease_seconds,
                 exclude=exclude,
                 only=only,
+                suspect_group=SUSPECT_GROUP,
             )
             if span is not None:
                 span.set_attribute("outbox.claimed", len(rows))
         if rows:
             counts.claimed += len(rows)
             self._observer.claimed(len(rows))
-            self._send(token, rows, now)
+            self._hold(token, rows, now)
         return len(rows)
 
     def _claim_guarded(self, counts: Counts, room: int, now: float) -> int:
@@ -167,30 +202,49 @@ class Claimer:
                 claimed += got
         return claimed
 
-    def _quarantined(self, now: float) -> bool:
-        """Whether a suspect holds claiming: it waits for the rest to settle, then goes alone."""
+    def _quarantined(self) -> bool:
+        """Whether suspects hold claiming: they wait for the rest to settle, then go alone."""
         lease = self._suspect
-        if lease is None:
-            return False
-        if self._leases.get(lease.token) is not lease:  # settled, or given back
-            self._suspect = None
-            return False
-        if lease.sent_at is None and self._leases.in_flight == len(lease.rows):
-            self._publish(lease, now)
-        return True
+        if lease is not None and self._leases.get(lease.token) is not lease:
+            self._suspect = lease = None  # settled, or given back
+        return lease is not None
 
-    def _send(self, token: uuid.UUID, rows: list[Claimed], now: float) -> None:
-        lease = self._leases[token] = Lease(token, {r.seq: r for r in rows}, now)
-        if len(rows) == 1 and rows[0].suspect:  # the store claims a suspect alone
+    def _hold(self, token: uuid.UUID, rows: list[Claimed], now: float) -> None:
+        lease = Lease(token, {r.seq: r for r in rows}, now, unsent=deque(rows))
+        self._leases[token] = lease
+        if rows[0].suspect:  # the store claims suspects apart from every other row
             lease.suspect = True
             self._suspect = lease
-            self._quarantined(now)  # at once if nothing else is in flight
-            return
-        self._publish(lease, now)
+        self.pump(now)
 
-    def _publish(self, lease: Lease, now: float) -> None:
-        lease.sent_at = now
-        token, rows = lease.token, list(lease.rows.values())
+    # ----------------------------------------------------------------- sending
+
+    def pump(self, now: float) -> None:
+        """Hand claimed rows to the publisher, in claim order, while fewer than
+        `max_unconfirmed` wait for an answer. Suspects go only once nothing else is in flight."""
+        publisher, leases = self._publisher, self._leases
+        if not publisher.ready or publisher.blocked or not self._fresh(now):
+            return
+        room = self._config.max_unconfirmed - leases.sending
+        if room <= 0:
+            return
+        for lease in list(leases.values()):
+            if not lease.unsent:
+                continue
+            if lease.suspect and leases.in_flight != len(lease.rows):
+                break  # quarantined, and claimed last: everything before it settles first
+            while lease.unsent and room > 0:
+                n = min(self._chunk, room, len(lease.unsent))
+                self._publish(lease, [lease.unsent.popleft() for _ in range(n)], now)
+                room -= n
+            if room <= 0:
+                return
+
+    def _publish(self, lease: Lease, rows: list[Claimed], now: float) -> None:
+        if lease.sent_at is None:
+            lease.sent_at = now
+        token, number = lease.token, next(self._chunks)
+        lease.chunks[number] = Chunk([row.seq for row in rows], now)
         items: list[Outgoing] = []
         broken: list[Outcome] = []
         encode = self._publisher.encode
@@ -212,7 +266,7 @@ class Claimer:
         finished = self._finished
 
         def done(outcomes: list[Outcome]) -> None:
-            finished(Finished(token, outcomes + broken))
+            finished(Finished(token, outcomes + broken, number))
 
         if items:
             with observer.loop_span("publish", messages=len(items)):

@@ -1,8 +1,10 @@
-"""What the relay holds: its batches under lease, and the broker's outcomes for them."""
+"""What the relay holds: its claims under lease, the chunks of them the publisher has, and the
+broker's outcomes for those chunks."""
 
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import Span
@@ -13,35 +15,67 @@ from relay.ports import Claimed
 
 
 @dataclass(slots=True)
+class Chunk:
+    """Rows of one lease handed to the publisher together, until the publisher answers."""
+
+    seqs: list[int]
+    sent_at: float  # clock time it was handed over
+
+
+@dataclass(slots=True)
 class Lease:
-    """One claimed batch: its rows, by seq, until they are settled or released."""
+    """One claim: its rows, by seq, until they are settled or released. Claimed rows wait in
+    `unsent` until the publisher's window has room; the chunks it has are in `chunks`."""
 
     token: uuid.UUID
-    rows: dict[int, Claimed]
+    rows: dict[int, Claimed]  # every row not settled yet, sent or not
     extended_at: float  # clock time of the claim or of the last extension
+    unsent: deque[Claimed] = field(default_factory=deque)  # in claim order
+    chunks: dict[int, Chunk] = field(default_factory=dict)  # by chunk number, oldest first
     spans: dict[int, Span] = field(default_factory=dict)  # send spans, when tracing is on
-    sent_at: float | None = None  # clock time it was handed to the publisher (None: not yet)
-    suspect: bool = False  # a suspect claimed alone: nothing else may be in flight with it
-    overdue: bool = False  # past max_batch_life: settled as unconfirmed without the publisher
+    sent_at: float | None = None  # clock time its first chunk was handed over (None: not yet)
+    suspect: bool = False  # suspects claimed apart: nothing else may be in flight with them
+
+    @property
+    def sending(self) -> int:
+        return sum(len(chunk.seqs) for chunk in self.chunks.values())
 
 
 class Leases(dict[uuid.UUID, Lease]):
+    """This relay's leases in claim order (a handful at a time, so summing is cheaper than
+    keeping counters in step)."""
+
     @property
     def in_flight(self) -> int:
-        """Rows held under lease: claimed and not yet settled (a handful of batches, so summing
-        is cheaper than keeping a counter in step)."""
+        """Rows held under lease: claimed and not yet settled."""
         return sum(len(lease.rows) for lease in self.values())
+
+    @property
+    def sending(self) -> int:
+        """Rows with the publisher, not yet answered: published and unconfirmed, or about to be."""
+        return sum(lease.sending for lease in self.values())
+
+    @property
+    def unsent(self) -> int:
+        """Rows claimed and not yet handed to the publisher."""
+        return sum(len(lease.unsent) for lease in self.values())
 
 
 @dataclass(slots=True)
 class Finished:
-    """The broker's outcomes for a batch, waiting to be written."""
+    """The broker's outcomes for one chunk of a lease, waiting to be written."""
 
     token: uuid.UUID
     outcomes: list[Outcome]
+    chunk: int = 0
     # Decided once (the circuits have counted these outcomes), kept if the database fails.
     settlement: Settlement | None = None
     # What the circuits answered so far, per resource part: a part already counted is not
-    # counted again when the database fails half way through and the batch is decided again.
+    # counted again when the database fails half way through and the chunk is decided again.
     burns: dict[str, list[bool]] = field(default_factory=dict)
-    marked: bool = False  # confirmed rows already marked (the failures may still be pending)
+    marked: bool = False  # confirmed rows already marked
+    failures_written: bool = False  # failure decisions already written
+
+    @property
+    def written(self) -> bool:
+        return self.marked and self.failures_written

@@ -1,5 +1,6 @@
-"""Upkeep between claims: the leases (this relay's heartbeat, other relays' expired leases, keys
-freed by a dead or cancelled head, this relay's slow batches) and retention.
+"""Upkeep between claims: the leases (other relays' expired leases, keys freed by a dead or
+cancelled head, this relay's slow batches) and retention. The heartbeat, and the leases of relays
+whose heartbeat stopped, are the pulse's (relay/loop/pulse.py), on a thread of its own.
 
 Each runs when due, as one bounded step: retention deletes at most the policy's budget per pass
 (relay/core/retention.py) and comes back soon only when it left a backlog, so neither ever holds
@@ -43,7 +44,6 @@ class Maintenance:
         it is due)."""
         config, store = self._config, self._store
         self.next_upkeep = now + config.reclaim_interval
-        store.heartbeat(config.relay_id)
         reclaimed = store.reclaim_expired(
             relay_id=config.relay_id, max_attempts=config.policy.max_attempts
         )

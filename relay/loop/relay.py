@@ -2,9 +2,10 @@
 
 `run_once()` does one non-blocking pass and says what it did; `run()` only loops and waits, and
 every wait ends early on a stop request. The work is its parts': the claimer (claims, probes, rate
-tokens), the settler (writes outcomes) and the upkeep (leases, retention). The publisher reports
-outcomes from its own thread, through a queue that is also how `request_stop` and `wake` reach
-the loop.
+tokens, the publisher's window), the settler (writes outcomes) and the upkeep (leases,
+retention). The publisher reports outcomes from its own thread, through a queue that is also how
+`request_stop`, `wake` and the heartbeat (relay/loop/pulse.py, which `run()` starts) reach the
+loop.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from relay.loop.counts import Counts
 from relay.loop.leases import Finished, Leases
 from relay.loop.maintenance import Maintenance
 from relay.loop.observer import Observer
+from relay.loop.pulse import Pulse
 from relay.loop.settings import LoopSettings
 from relay.loop.settler import Settler
 from relay.ports import Publisher, RetentionFailed, Store
@@ -33,6 +35,7 @@ log = logging.getLogger("relay")
 
 _STOP = object()
 _WAKE = object()
+_DECLARED_DEAD = object()  # another relay found this one's heartbeat stopped
 
 
 def utc_now() -> dt.datetime:
@@ -61,6 +64,13 @@ class Relay:
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._leases = Leases()
         self._stopping = False
+        self.pulse = Pulse(
+            store,
+            config,
+            clock=clock,
+            declared_dead=lambda: self._inbox.put(_DECLARED_DEAD),
+            wake=self.wake,
+        )
         self.claimer = Claimer(
             store,
             publisher,
@@ -70,6 +80,7 @@ class Relay:
             leases=self._leases,
             finished=self._inbox.put,
             clock=clock,
+            fresh=self.pulse.fresh,
         )
         self.settler = Settler(
             store,
@@ -101,7 +112,7 @@ class Relay:
         """Why this relay cannot do its work, or None (for /healthz)."""
         if not self.publisher.alive:
             return "the publisher's IO thread has stopped"
-        return None
+        return self.pulse.problem(self._clock())
 
     @property
     def in_flight(self) -> int:
@@ -115,7 +126,10 @@ class Relay:
         retention when due, claim and publish what there is room for."""
         counts = Counts()
         now = self._clock()
-        self._settle(counts)
+        self._take_inbox()
+        if not self._stopping:
+            self.claimer.pump(now)  # answers made room in the window: refill it before writing
+        self._write(counts)
         self._give_up_overdue(now)
         upkeep = self.maintenance
         if now >= upkeep.next_upkeep:
@@ -141,12 +155,18 @@ class Relay:
         return counts
 
     def _settle(self, counts: Counts) -> None:
-        """Take what reached the inbox, then write every answered batch."""
+        """Take what reached the inbox, then write every answered chunk."""
+        self._take_inbox()
+        self._write(counts)
+
+    def _take_inbox(self) -> None:
         while True:
             try:
                 self._handle(self._inbox.get_nowait())
             except queue.Empty:
                 break
+
+    def _write(self, counts: Counts) -> None:
         try:
             if self.settler.settle(counts):
                 # Settling can make new rows claimable (the next message of each key whose
@@ -157,33 +177,54 @@ class Relay:
 
     def _handle(self, event: object) -> None:
         if isinstance(event, Finished):
-            self.settler.add(event)
+            lease = self._leases.get(event.token)
+            if lease is not None and lease.chunks.pop(event.chunk, None) is not None:
+                self.settler.add(event)
+            # else: given up as overdue, or given back, before the publisher answered: the
+            # answer changes nothing.
         elif event is _STOP:
             if not self._stopping:
                 log.info("relay.stopping", extra={"in_flight": self.in_flight})
             self._stopping = True
         elif event is _WAKE:
             self.claimer.claim_soon()
+        elif event is _DECLARED_DEAD:
+            self._give_back_all()
 
     def _give_up_overdue(self, now: float) -> None:
-        """Settle as unconfirmed every batch the publisher has held past max_batch_life.
+        """Settle as unconfirmed every chunk the publisher has held past max_batch_life.
 
-        A batch normally settles within the confirm timeout; one that has not (an IO thread
+        A chunk is normally answered within the confirm timeout; one that is not (an IO thread
         that died, a message queued on a channel that never opened) would otherwise keep its
         rows leased for ever, its lease extended at every upkeep. Not the messages' fault, so
-        no attempt is charged; the publisher's late answer, if any, finds no lease and is
-        ignored."""
+        no attempt is charged; the publisher's late answer, if any, is ignored."""
         life = self.config.max_batch_life
         for lease in list(self._leases.values()):
-            if lease.sent_at is None or lease.overdue or now - lease.sent_at <= life:
-                continue
-            lease.overdue = True
-            why = f"no outcome from the publisher within {life:g} s"
-            outcomes = [
-                Outcome(seq, Fate.UNCONFIRMED, why, connection_lost=True) for seq in lease.rows
-            ]
-            log.error("relay.batch_overdue", extra={"messages": len(outcomes), "error": why})
-            self.settler.add(Finished(lease.token, outcomes))
+            for number, chunk in list(lease.chunks.items()):
+                if now - chunk.sent_at <= life:
+                    break  # handed over in order: the rest are younger
+                del lease.chunks[number]
+                why = f"no outcome from the publisher within {life:g} s"
+                outcomes = [
+                    Outcome(seq, Fate.UNCONFIRMED, why, connection_lost=True)
+                    for seq in chunk.seqs
+                    if seq in lease.rows
+                ]
+                log.error("relay.batch_overdue", extra={"messages": len(outcomes), "error": why})
+                self.settler.add(Finished(lease.token, outcomes, number))
+
+    def _give_back_all(self) -> None:
+        """Another relay found this one's heartbeat stopped and took its leases (every one it
+        could). Stop using them all: give back what is still ours to give (the lease token
+        guards the rest), forget them whatever the database says, then rejoin."""
+        why = (
+            f"relay {self.config.relay_id} was declared dead: its heartbeat stopped for "
+            f"{self.config.dead_after:g} s"
+        )
+        log.warning("relay.declared_dead", extra={"in_flight": self.in_flight, "error": why})
+        self.release_all(why, forget=True)
+        self.claimer.forget()
+        self.pulse.rejoin()
 
     def _db_failed(self, what: str, exc: Exception) -> None:
         self.claimer.back_off()
@@ -194,6 +235,7 @@ class Relay:
     def run(self) -> Counts:
         """Relay until `request_stop()`; then drain in-flight confirms and return the summary."""
         log.info("relay.started", extra={"relay_id": self.config.relay_id})
+        self.pulse.start()
         try:
             while not self._stopping:
                 if self.publisher.alive:
@@ -205,6 +247,8 @@ class Relay:
         except Exception:
             self._crashed = True  # one of the rows in flight may be why (release_all)
             raise
+        finally:
+            self.pulse.stop()
         with contextlib.suppress(DatabaseUnavailable):  # if so, its heartbeat just ages out
             self.store.forget_relay(self.config.relay_id)
         summary = self.summary
@@ -234,9 +278,11 @@ class Relay:
         self._handle(event)
 
     def _drain(self) -> None:
-        """Wait for in-flight confirms (bounded), settle them, release anything left unsent."""
+        """Give back what was never sent, wait for the confirms of what was (bounded), settle
+        them, release anything left."""
         deadline = self._clock() + self.config.drain_timeout
         counts = Counts()
+        counts.released += self._release_unsent("relay stopped before it sent them")
         while self._leases and self._clock() < deadline:
             self._settle(counts)
             if self._leases:
@@ -248,15 +294,36 @@ class Relay:
             self.summary.drained = False
             self.release_all("relay stopped before the broker confirmed")
 
-    def release_all(self, why: str) -> int:
+    def _release_unsent(self, why: str) -> int:
+        """Give back the rows claimed and never handed to the publisher (no attempt charged)."""
+        released = 0
+        for token, lease in list(self._leases.items()):
+            if not lease.unsent:
+                continue
+            seqs = [row.seq for row in lease.unsent]
+            try:
+                released += self.store.release(token, seqs, delay_seconds=0.0, error=why)
+            except DatabaseUnavailable as exc:
+                log.error("relay.release_failed", extra={"error": str(exc)})
+                continue
+            lease.unsent.clear()
+            for seq in seqs:
+                lease.rows.pop(seq, None)
+            if not lease.rows:
+                del self._leases[token]
+        return released
+
+    def release_all(self, why: str, *, forget: bool = False) -> int:
         """Give back every row this relay still holds (shutdown): others may take them at once.
 
         Rows given back unsent cost no attempt. After a crash, the rows that were sent are
         given up as their lease running out would (Store.abandon): suspects, to be published
-        alone, and the one claimed alone charged for it, so a row that crashes the relay
-        every time ends dead, and alone."""
+        apart, and the one claimed alone charged for it, so a row that crashes the relay
+        every time ends dead, and alone. With `forget`, a lease the database could not take
+        back is forgotten all the same (it expires, or was taken over already)."""
         counts = Counts()
         self._settle(counts)  # settle whatever did finish first
+        counts.released += self._release_unsent(why)
         config = self.config
         for token, lease in list(self._leases.items()):
             try:
@@ -273,7 +340,8 @@ class Relay:
                     )
             except DatabaseUnavailable as exc:
                 log.error("relay.release_failed", extra={"error": str(exc)})
-                continue
+                if not forget:
+                    continue
             for span in lease.spans.values():
                 self.observer.end_released(span, why)
             del self._leases[token]

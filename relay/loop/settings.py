@@ -25,6 +25,8 @@ class LoopSettings(Protocol):
     @property
     def max_in_flight(self) -> int: ...
     @property
+    def max_unconfirmed(self) -> int: ...  # messages with the publisher, not yet answered
+    @property
     def poll_interval(self) -> float: ...
     @property
     def min_poll_interval(self) -> float: ...
@@ -36,6 +38,10 @@ class LoopSettings(Protocol):
     def max_batch_life(self) -> float: ...  # seconds a sent batch may wait for its outcomes
     @property
     def reclaim_interval(self) -> float: ...
+    @property
+    def heartbeat_interval(self) -> float: ...  # seconds between beats (relay/loop/pulse.py)
+    @property
+    def dead_after(self) -> float: ...  # a heartbeat this old is a dead relay's
     @property
     def sweep_interval(self) -> float: ...
     @property

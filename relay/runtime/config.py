@@ -60,6 +60,10 @@ class RelayConfig:
     log_level: str = "INFO"  # one of relay.runtime.logs.LEVELS
     batch_size: int = 500  # rows per claim
     max_in_flight: int = 5000  # published, unconfirmed messages; bounds memory and redelivery
+    # Messages handed to the publisher and not yet answered, at most: what a killed relay can
+    # leave confirmed, or sent, and unmarked (published again by the next); the rest of a claim
+    # waits in memory.
+    max_unconfirmed: int = 256
     poll_interval: float = 0.5  # longest wait between claims when idle (a notification ends it)
     min_poll_interval: float = 0.005  # first wait after a claim found work
     lease_seconds: float = 30.0  # a claim not settled by then is taken over by another relay
@@ -70,6 +74,10 @@ class RelayConfig:
     batch_life: float | None = None
     statement_timeout: float = 30.0  # seconds before the database cancels a relay statement
     reclaim_interval: float = 5.0  # seconds between sweeps for expired leases
+    # Each relay beats this often; one whose heartbeat is older than dead_after is taken for dead
+    # and its leases taken back without waiting for them (relay/loop/pulse.py).
+    heartbeat_interval: float = 0.5
+    dead_after: float = 3.0
     sweep_interval: float = 5.0  # seconds between sweeps for keys freed by a dead or cancelled head
     listen: bool = True  # PostgreSQL: LISTEN for enqueue notifications (polling continues)
     dead_key: str = "hold"  # one of DEAD_KEY_MODES
@@ -107,8 +115,15 @@ class RelayConfig:
             "lease_seconds",
             "confirm_timeout",
             "reclaim_interval",
+            "heartbeat_interval",
         ):
             _positive(name, getattr(self, name))
+        _positive("max_unconfirmed", self.max_unconfirmed)
+        if self.dead_after < 3 * self.heartbeat_interval:
+            raise ConfigError(
+                f"dead_after ({self.dead_after:g}) must be at least 3 x heartbeat_interval "
+                f"({self.heartbeat_interval:g}), or one late heartbeat would look like a dead relay"
+            )
         if self.log_level not in LEVELS:
             raise ConfigError(
                 f"log level must be one of {', '.join(LEVELS)}, not {self.log_level!r}"
@@ -638,6 +653,16 @@ SETTINGS: tuple[Setting, ...] = (
             "rows claimed at a time", metavar="N"),
     Setting("--max-in-flight", "OUTBOX_MAX_IN_FLIGHT", "max_in_flight", positive_int,
             "unconfirmed messages at most", metavar="N"),
+    Setting("--max-unconfirmed", "OUTBOX_MAX_UNCONFIRMED", "max_unconfirmed", positive_int,
+            "messages published and not yet confirmed at most: what a killed relay can leave "
+            "for the next to publish again", metavar="N"),
+    Setting("--heartbeat-interval", "OUTBOX_HEARTBEAT_INTERVAL", "heartbeat_interval",
+            positive_number, "seconds between this relay's heartbeats", show=_seconds,
+            metavar="SECONDS"),
+    Setting("--dead-after", "OUTBOX_DEAD_AFTER", "dead_after", positive_number,
+            "seconds without a heartbeat after which a relay is taken for dead and its leases "
+            "are taken back (at least 3 x --heartbeat-interval)", show=_seconds,
+            metavar="SECONDS"),
     Setting("--poll-interval", "OUTBOX_POLL_INTERVAL", "poll_interval", positive_number,
             "longest wait in seconds between claims when idle; right after work the relay looks "
             "again within milliseconds", show=_seconds, metavar="SECONDS"),

@@ -58,12 +58,22 @@ def unpark_sweep(*, blocking: str) -> str:
 
 # SUSPECTS. A row whose lease ended without a settlement (its relay died, or crashed, holding it)
 # may be what killed the relay, or may have been in flight beside it. Such a row goes back to
-# pending as a *suspect*: its lease_expires_at stays set (every other pending row has none). The
-# claim takes a suspect alone, and stamps it with ALONE in last_error (which nothing else writes
-# while a row is in flight); the relay publishes it with nothing else in flight. When a lease ends
-# unsettled again, a row claimed alone is charged the attempt (and dies past its attempts); any
-# other row is charged nothing. So a message that kills every relay that claims it dead-letters
-# itself alone, and the rows in flight beside it are delivered.
+# pending as a *suspect*: its lease_expires_at stays set (every other pending row has none).
+# Suspects are isolated in two steps, each published with nothing else in flight on its relay:
+#
+# 1. A suspect is claimed with other suspects only, at most :group of them, and stamped GROUPED
+#    in last_error (which nothing else writes while a row is in flight). Nearly always its relay
+#    was simply killed or restarted, and the whole group is delivered at once.
+# 2. If a relay dies again holding a group, each of its rows becomes SOLITARY (last_error, while
+#    pending): claimed alone, stamped ALONE. A row claimed alone whose lease ends unsettled is
+#    charged the attempt (and dies past its attempts); any other row is charged nothing.
+#
+# So a message that kills every relay that claims it dead-letters itself alone, after one crash in
+# a batch, one in a group and then its attempts alone; the rows beside it are delivered. Two steps
+# rather than halving the group at each crash: a crash costs a restart (seconds, and a growing
+# back-off under an orchestrator), publishing one row alone costs milliseconds.
+GROUPED = "claimed with other suspects only: the last lease on it ended before it settled"
+SOLITARY = "to be claimed alone: its relay died while it was in flight with other suspects"
 ALONE = "claimed alone: the last lease on it ended before it settled (its relay died)"
 
 # ------------------------------------------------------------------------ resources
@@ -100,6 +110,18 @@ WHERE resource = :resource
 
 # A relay's heartbeat row goes when it stops cleanly (a crashed one ages out of `relays`).
 FORGET_RELAY = "DELETE FROM outbox_relay WHERE relay_id = :relay_id"
+
+# LIVENESS. A running relay registers (its row's started_at names this run of it) and then beats
+# every heartbeat interval, from a thread of its own: BEAT touches its row only while started_at
+# still names this run. Another relay that finds a row older than :dead_after deletes it and takes
+# back that relay's leases in the same statement (each dialect's RECLAIM_DEAD), as an expired lease
+# would be taken, without waiting for the lease. The lease token still guards every write, so a
+# relay that was only slow changes nothing that was taken from it; its next beat finds its row gone
+# and it gives back what it still holds (relay/loop/pulse.py).
+BEAT = """
+UPDATE outbox_relay SET last_seen = {now}
+WHERE relay_id = :relay_id AND started_at = :started_at
+"""
 
 PING = "SELECT 1"
 

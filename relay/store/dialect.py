@@ -19,6 +19,7 @@ Every dialect's statements keep these conventions, so SqlStore binds the same va
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import uuid
 from abc import ABC, abstractmethod
@@ -67,6 +68,7 @@ _BIND_TYPES: Mapping[str, TypeEngine[Any]] = {
     "tokens_at": TIME,
     "available_at": TIME,
     "next_at": TIME,
+    "started_at": TIME,
     "batch_size": Integer(),
 }
 _BIND = re.compile(r"(?<![:\w]):(\w+)")
@@ -276,10 +278,13 @@ class Dialect(ABC):
     def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         """Lease up to :limit ready rows; return them with CLAIMED_COLUMNS (in no set order).
 
-        When the best candidates include a suspect (common.ALONE), only that one is claimed.
+        When the best candidates include a solitary suspect, only that one is claimed (stamped
+        :alone); else when they include suspects, only those, at most :group (stamped :grouped;
+        common.GROUPED, SOLITARY, ALONE). The last column says whether a row is a suspect.
 
         params: owner, token, limit, scan (keyed candidates looked at), lease_seconds,
-        exclude (resource parts passed by), only (the one part wanted, or None), alone, now."""
+        exclude (resource parts passed by), only (the one part wanted, or None), group, alone,
+        grouped, solitary, now."""
 
     @abstractmethod
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
@@ -304,6 +309,30 @@ class Dialect(ABC):
     def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
         """What reclaim_expired does to an expired lease, now, to the rows :token holds (their
         relay is crashing). params: token, error, relay_id, max_attempts, alone, now."""
+
+    # Liveness (common.BEAT). The reclaims take the params of reclaim_expired, and every one of
+    # them also alone, grouped and solitary.
+
+    @abstractmethod
+    def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
+        """Insert or take over :relay_id's heartbeat row for a new run; return its started_at.
+        params: relay_id, now."""
+
+    @abstractmethod
+    def beat(self, conn: Connection, params: dict[str, Any]) -> bool:
+        """Touch :relay_id's row if it still names the run :started_at; whether it did.
+        params: relay_id, started_at, now."""
+
+    @abstractmethod
+    def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
+        """What reclaim_expired does, to every row leased to :relay_id (an earlier run of this
+        relay id left them: the running one holds none yet)."""
+
+    @abstractmethod
+    def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
+        """Delete the rows of relays, other than :relay_id, last seen more than :dead_after
+        seconds ago, and do what reclaim_expired does to the rows they leased; return those
+        relays and how many rows. params: dead_after and reclaim_expired's."""
 
     @abstractmethod
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:

@@ -50,7 +50,7 @@ def _plus(seconds: str, base: str = NOW) -> str:
 
 
 # The lists bound as expanding parameters, in every statement here.
-LISTS = ("seqs", "tokens", "exclude", "states", "keys", "ids")
+LISTS = ("seqs", "tokens", "exclude", "states", "keys", "ids", "relays")
 
 # `exchange || '/' || routing_key` is a logical OR here.
 RESOURCE_PARTS: Mapping[str, str] = {
@@ -84,7 +84,8 @@ def is_head(row: str, *, blocking: str) -> str:
 # right now is not a candidate. A keyed row becomes a head or is parked (HEADS, PARK), as on
 # PostgreSQL; at most :scan rows are looked at.
 _CANDIDATES = """
-SELECT seq, `key`, lease_expires_at IS NOT NULL AS suspect
+SELECT seq, `key`, lease_expires_at IS NOT NULL AS suspect,
+       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary
 FROM outbox_message FORCE INDEX (outbox_message_claim_idx)
 WHERE state = 'pending' AND held = false AND available_at <= {now} {filter}
 ORDER BY priority DESC, available_at, seq
@@ -104,7 +105,7 @@ WHERE m.seq IN :seqs AND {head}
 
 PARK = "UPDATE outbox_message SET held = true WHERE seq IN :seqs"
 
-# The chosen rows, locked since _CANDIDATES. :suspect as in postgres._CLAIM.
+# The chosen rows, locked since _CANDIDATES. :suspect and :stamp as in sqlite.CLAIM.
 CLAIM = f"""
 UPDATE outbox_message
 SET state = 'in_flight',
@@ -112,7 +113,7 @@ SET state = 'in_flight',
     lease_owner = :owner,
     lease_token = :token,
     lease_expires_at = {_plus("lease_seconds")},
-    last_error = CASE WHEN :suspect THEN :alone ELSE last_error END
+    last_error = CASE WHEN :suspect THEN :stamp ELSE last_error END
 WHERE seq IN :seqs
 """  # noqa: S608 - a time expression constant; every value is bound
 
@@ -168,8 +169,9 @@ RELEASE = f"""
 UPDATE outbox_message
 SET state = 'pending', available_at = {_plus("delay_seconds")},
     attempts = greatest(attempts - 1, 0),
-    lease_expires_at = CASE WHEN last_error = :alone THEN {NOW} END,
-    last_error = :error, lease_owner = NULL, lease_token = NULL
+    lease_expires_at = CASE WHEN last_error IN (:alone, :grouped) THEN {NOW} END,
+    last_error = CASE WHEN last_error = :alone THEN :solitary ELSE :error END,
+    lease_owner = NULL, lease_token = NULL
 WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight'
 """  # noqa: S608
 
@@ -214,27 +216,48 @@ WHERE state = 'in_flight' AND {where}
 FOR UPDATE SKIP LOCKED
 """
 _ALONE = "last_error = :alone"
+_DIES = f"{_ALONE} AND attempts >= coalesce(max_attempts, :max_attempts)"
 _RECLAIM = f"""
 UPDATE outbox_message
-SET state = CASE WHEN {_ALONE} AND attempts >= coalesce(max_attempts, :max_attempts)
-                 THEN 'dead' ELSE 'pending' END,
+SET state = CASE WHEN {_DIES} THEN 'dead' ELSE 'pending' END,
     attempts = CASE WHEN {_ALONE} THEN attempts ELSE greatest(attempts - 1, 0) END,
-    last_error = {{error}},
+    last_error = CASE WHEN {_DIES} THEN {{error}}
+                      WHEN last_error IN (:alone, :grouped) THEN :solitary
+                      ELSE {{error}} END,
     last_failed_at = {NOW},
     lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
 WHERE seq IN :seqs
 """  # noqa: S608 - constants; every value is bound
-# MySQL assigns SET's columns left to right, each seeing the ones before: state and attempts
-# read last_error before it changes, and so does this read of who was alone (done first).
-_ALONE_AMONG = f"SELECT seq FROM outbox_message WHERE seq IN :seqs AND {_ALONE}"  # noqa: S608
+# MySQL assigns SET's columns left to right, each seeing the ones before: state, attempts and
+# last_error read last_error and attempts as they were (attempts of a row alone stay as they
+# were), lease_owner is cleared after. Who was alone, and the reason recorded, are read first.
+_BEFORE = f"""
+SELECT seq, {_ALONE} AS alone, {{error}} AS error FROM outbox_message WHERE seq IN :seqs
+"""  # noqa: S608
 RECLAIMED = """
-SELECT seq, id, attempts, last_error, state, last_failed_at FROM outbox_message
+SELECT seq, id, attempts, state, last_failed_at FROM outbox_message
 WHERE seq IN :seqs
 """
 _EXPIRED = f"lease_expires_at < {NOW}"
 _EXPIRED_ERROR = (
     "CONCAT('lease held by ', coalesce(lease_owner, '?'), ' expired before it settled')"
 )
+_OWNER_ERROR = (
+    "CONCAT('lease held by an earlier run of ', :relay_id, ', which stopped before it settled')"
+)
+_DEAD_ERROR = (
+    "CONCAT('relay ', coalesce(lease_owner, '?'), ' stopped beating (no heartbeat for ', "
+    ":dead_after, ' s) before it settled')"
+)
+# See postgres.RECLAIM_DEAD: the dead relays are read, locked and deleted first, in the same
+# transaction.
+DEAD_RELAYS = f"""
+SELECT relay_id FROM outbox_relay
+WHERE last_seen < {_plus("dead_after_neg")} AND relay_id <> :relay_id
+ORDER BY relay_id
+FOR UPDATE
+"""  # noqa: S608
+FORGET_RELAYS = "DELETE FROM outbox_relay WHERE relay_id IN :relays"
 
 # ------------------------------------------------------------------------ resources, relays
 
@@ -255,6 +278,14 @@ HEARTBEAT = f"""
 INSERT INTO outbox_relay (relay_id, started_at, last_seen) VALUES (:relay_id, {NOW}, {NOW})
 ON DUPLICATE KEY UPDATE last_seen = VALUES(last_seen)
 """  # noqa: S608
+
+# See postgres.REGISTER_RELAY: the row, then its started_at read back (in one transaction).
+REGISTER_RELAY = f"""
+INSERT INTO outbox_relay (relay_id, started_at, last_seen) VALUES (:relay_id, {NOW}, {NOW})
+ON DUPLICATE KEY UPDATE started_at = VALUES(started_at), last_seen = VALUES(last_seen)
+"""  # noqa: S608
+STARTED_AT = "SELECT started_at FROM outbox_relay WHERE relay_id = :relay_id"
+BEAT = common.BEAT.format(now=NOW)
 
 RELAYS = f"""
 SELECT relay_id, started_at, last_seen FROM outbox_relay
@@ -372,22 +403,35 @@ class Mysql(Dialect):
         self._held = sql(HELD, {"seq": BigInteger(), "id": UUID, "attempts": Integer()})
         self._settle_one = sql(SETTLE_ONE)
         self._record_attempt = sql(RECORD_ATTEMPT)
-        self._reclaimable = sql(_RECLAIMABLE.format(where=_EXPIRED))
-        self._abandonable = sql(_RECLAIMABLE.format(where="lease_token = :token"))
-        self._alone_among = sql(_ALONE_AMONG)
-        self._reclaim = sql(_RECLAIM.format(error=_EXPIRED_ERROR))
-        self._abandon = sql(_RECLAIM.format(error=":error"))
+
+        def reclaim(where: str, error: str) -> tuple[Any, Any, Any]:
+            # the rows, locked; who was alone and why; the change
+            return (
+                sql(_RECLAIMABLE.format(where=where)),
+                sql(_BEFORE.format(error=error)),
+                sql(_RECLAIM.format(error=error)),
+            )
+
+        self._reclaim = reclaim(_EXPIRED, _EXPIRED_ERROR)
+        self._abandon = reclaim("lease_token = :token", ":error")
+        self._reclaim_owner = reclaim("lease_owner = :relay_id", _OWNER_ERROR)
+        self._reclaim_dead = reclaim("lease_owner IN :relays", _DEAD_ERROR)
+        self._reclaimable, self._abandonable = self._reclaim[0], self._abandon[0]
         self._reclaimed = sql(
             RECLAIMED,
             {
                 "seq": BigInteger(),
                 "id": UUID,
                 "attempts": Integer(),
-                "last_error": String(),
                 "state": String(),
                 "last_failed_at": TIME,
             },
         )
+        self._dead_relays = sql(DEAD_RELAYS)
+        self._forget_relays = sql(FORGET_RELAYS)
+        self._register = sql(REGISTER_RELAY)
+        self._started_at = sql(STARTED_AT, {"started_at": TIME})
+        self._beat = sql(BEAT)
         self._doomed = sql(DOOMED)
         self._purge_messages = sql(PURGE_MESSAGES)
         self._purge_attempts = sql(PURGE_ATTEMPTS)
@@ -439,19 +483,23 @@ class Mysql(Dialect):
     def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         with self.transaction(conn):
             candidates = conn.execute(self._candidates, params).all()
-            keyed = [seq for seq, key, _ in candidates if key is not None]
+            keyed = [seq for seq, key, _, _ in candidates if key is not None]
             heads = set(conn.execute(self._heads, {"seqs": keyed}).scalars()) if keyed else set()
-            ready = [(seq, sus) for seq, key, sus in candidates if key is None or seq in heads]
+            ready = [(seq, sus, alone) for seq, key, sus, alone in candidates
+                     if key is None or seq in heads]  # fmt: skip
             parked = [seq for seq in keyed if seq not in heads]
             if parked:
                 conn.execute(self._park, {"seqs": parked})
             best = ready[: params["limit"]]  # still in claim order
-            # A suspect among them is claimed alone (common.ALONE).
-            suspects = [seq for seq, suspect in best if suspect]
-            chosen = suspects[:1] or [seq for seq, _ in best]
+            # A solitary suspect among them is claimed alone, else the suspects together, at
+            # most :group of them (common.GROUPED, SOLITARY, ALONE).
+            solitary = [seq for seq, _, alone in best if alone][:1]
+            suspects = [seq for seq, suspect, _ in best if suspect][: params["group"]]
+            chosen = solitary or suspects or [seq for seq, _, _ in best]
             if not chosen:
                 return []
-            claim = {**params, "seqs": chosen, "suspect": bool(suspects)}
+            stamp = params["alone"] if solitary else params["grouped"]
+            claim = {**params, "seqs": chosen, "suspect": bool(suspects), "stamp": stamp}
             conn.execute(self._claim, claim)
             return conn.execute(self._claimed, claim).all()
 
@@ -489,26 +537,51 @@ class Mysql(Dialect):
         return len(held)
 
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
-        return self._reclaim_rows(conn, params, abandon=False)
+        with self.transaction(conn):
+            return self._reclaim_rows(conn, params, self._reclaim)
 
     def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
-        return self._reclaim_rows(conn, params, abandon=True)
-
-    def _reclaim_rows(self, conn: Connection, params: dict[str, Any], *, abandon: bool) -> int:
-        pick, change = (
-            (self._abandonable, self._abandon) if abandon else (self._reclaimable, self._reclaim)
-        )
         with self.transaction(conn):
-            seqs = list(conn.execute(pick, params).scalars())
-            if not seqs:
-                return 0
-            p = {**params, "seqs": seqs}
-            alone = set(conn.execute(self._alone_among, p).scalars())
-            conn.execute(change, p)
-            rows = conn.execute(self._reclaimed, p).all()
-            records = [_reclaim_attempt(r, r.seq in alone, p) for r in rows]
-            conn.execute(self._record_attempt, records)
+            return self._reclaim_rows(conn, params, self._abandon)
+
+    def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
+        with self.transaction(conn):
+            return self._reclaim_rows(conn, params, self._reclaim_owner)
+
+    def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
+        with self.transaction(conn):
+            p = {**params, "dead_after_neg": -params["dead_after"]}
+            dead = list(conn.execute(self._dead_relays, p).scalars())
+            if not dead:
+                return [], 0
+            conn.execute(self._forget_relays, {"relays": dead})
+            return dead, self._reclaim_rows(conn, {**p, "relays": dead}, self._reclaim_dead)
+
+    def _reclaim_rows(
+        self, conn: Connection, params: dict[str, Any], statements: tuple[Any, Any, Any]
+    ) -> int:
+        """Inside the caller's transaction."""
+        pick, before, change = statements
+        seqs = list(conn.execute(pick, params).scalars())
+        if not seqs:
+            return 0
+        p = {**params, "seqs": seqs}
+        told = {seq: (alone, error) for seq, alone, error in conn.execute(before, p)}
+        conn.execute(change, p)
+        rows = conn.execute(self._reclaimed, p).all()
+        records = [_reclaim_attempt(r, *told[r.seq], p) for r in rows]
+        conn.execute(self._record_attempt, records)
         return len(rows)
+
+    def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
+        with self.transaction(conn):
+            conn.execute(self._register, params)
+            started: dt.datetime = conn.execute(self._started_at, params).scalar_one()
+        return started
+
+    def beat(self, conn: Connection, params: dict[str, Any]) -> bool:
+        # Matched rows, not changed ones: SQLAlchemy connects with CLIENT_FOUND_ROWS.
+        return int(conn.execute(self._beat, params).rowcount) == 1
 
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
         with self.transaction(conn):
@@ -527,7 +600,7 @@ class Mariadb(Mysql):
     name = "mariadb"
 
 
-def _reclaim_attempt(r: Any, alone: bool, p: Mapping[str, Any]) -> dict[str, Any]:
+def _reclaim_attempt(r: Any, alone: bool, error: str, p: Mapping[str, Any]) -> dict[str, Any]:
     """The attempt record of a reclaimed row (see postgres._RECLAIM)."""
     dead = r.state == "dead"
     return {
@@ -536,6 +609,6 @@ def _reclaim_attempt(r: Any, alone: bool, p: Mapping[str, Any]) -> dict[str, Any
         "attempt": r.attempts if alone else r.attempts + 1,
         "failure_class": "ambiguous",
         "outcome": "dead" if dead else "retry" if alone else "deferred",
-        "error": r.last_error,
+        "error": error,
         "next_at": None if dead else r.last_failed_at,
     }

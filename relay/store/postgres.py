@@ -10,6 +10,7 @@ clock, the one clock every relay shares; tests bind a frozen time.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from outbox.enqueue import NOTIFY_CHANNEL
 from relay.store import common
 from relay.store.dialect import (
     CLAIMED_COLUMNS,
+    TIME,
     Dialect,
     Statements,
     compile_sql,
@@ -50,20 +52,24 @@ from relay.store.estimates import TableStats, shares
 # take a place in a batch; :only, when not null, claims for that one resource (a probe, or the
 # share a rate limit allows).
 #
-# Suspects (common.ALONE): a pending row with a lease_expires_at is one whose last lease ended
-# unsettled, its relay having died holding it. When the best :limit candidates include one, the
-# claim takes that one alone (and marks it claimed alone, :alone): the relay publishes it with
-# nothing else in flight, so a message that kills its relay can only take itself down.
+# Suspects (common.GROUPED, SOLITARY, ALONE): a pending row with a lease_expires_at is one whose
+# last lease ended unsettled, its relay having died holding it. When the best :limit candidates
+# include a solitary one, the claim takes the first of those alone (stamped :alone); else, when
+# they include suspects, it takes up to :group of them and nothing else (stamped :grouped). The
+# relay publishes such a claim with nothing else in flight, so a message that kills its relay can
+# only take its fellow suspects down, and once alone only itself.
 _CLAIM = """
 WITH unkeyed AS (
-    SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect
+    SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
+           lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary
     FROM outbox_message
     WHERE state = 'pending' AND key IS NULL AND available_at <= coalesce(:now, now()) {filter}
     ORDER BY priority DESC, available_at, seq
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), keyed AS (
-    SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect, {head} AS head
+    SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
+           lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary, {head} AS head
     FROM outbox_message AS m
     WHERE state = 'pending' AND key IS NOT NULL AND NOT held
       AND available_at <= coalesce(:now, now()) {filter}
@@ -75,18 +81,22 @@ WITH unkeyed AS (
     FROM keyed WHERE p.seq = keyed.seq AND NOT keyed.head
     RETURNING p.seq
 ), ready AS (
-    SELECT seq, priority, available_at, suspect FROM (
-        SELECT seq, priority, available_at, suspect FROM unkeyed
+    SELECT seq, priority, available_at, suspect, solitary FROM (
+        SELECT seq, priority, available_at, suspect, solitary FROM unkeyed
         UNION ALL
-        SELECT seq, priority, available_at, suspect FROM keyed WHERE head
+        SELECT seq, priority, available_at, suspect, solitary FROM keyed WHERE head
     ) AS both_kinds
     ORDER BY priority DESC, available_at, seq
     LIMIT :limit
 ), chosen AS (
-    SELECT seq, suspect FROM ready WHERE NOT EXISTS (SELECT 1 FROM ready WHERE suspect)
+    SELECT seq, suspect, solitary FROM ready WHERE NOT EXISTS (SELECT 1 FROM ready WHERE suspect)
     UNION ALL
-    (SELECT seq, suspect FROM ready WHERE suspect ORDER BY priority DESC, available_at, seq
-     LIMIT 1)
+    (SELECT seq, suspect, solitary FROM ready WHERE solitary
+     ORDER BY priority DESC, available_at, seq LIMIT 1)
+    UNION ALL
+    (SELECT seq, suspect, solitary FROM ready
+     WHERE suspect AND NOT EXISTS (SELECT 1 FROM ready WHERE solitary)
+     ORDER BY priority DESC, available_at, seq LIMIT :group)
 )
 UPDATE outbox_message AS m
 SET state = 'in_flight',
@@ -94,7 +104,8 @@ SET state = 'in_flight',
     lease_owner = :owner,
     lease_token = :token,
     lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds),
-    last_error = CASE WHEN chosen.suspect THEN :alone ELSE m.last_error END
+    last_error = CASE WHEN chosen.solitary THEN :alone WHEN chosen.suspect THEN :grouped
+                      ELSE m.last_error END
 FROM chosen
 WHERE m.seq = chosen.seq
 RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type, m.headers, m.key,
@@ -142,15 +153,16 @@ SELECT count(*) FROM done
 
 # Rows a relay gives back unsent (it is stopping before the broker confirmed them): pending again,
 # due after :delay_seconds, so another relay may take them. The claim counted an attempt that never
-# happened, so it is given back (never below zero). A suspect stays one (common.ALONE).
-# Lease-guarded like MARK_PUBLISHED.
+# happened, so it is given back (never below zero). A suspect stays one, and one that was alone
+# stays solitary (common.GROUPED, SOLITARY, ALONE). Lease-guarded like MARK_PUBLISHED.
 RELEASE = """
 UPDATE outbox_message
 SET state = 'pending',
     available_at = coalesce(:now, now()) + make_interval(secs => :delay_seconds),
     attempts = greatest(attempts - 1, 0),
-    lease_expires_at = CASE WHEN last_error = :alone THEN coalesce(:now, now()) END,
-    last_error = :error, lease_owner = NULL, lease_token = NULL
+    lease_expires_at = CASE WHEN last_error IN (:alone, :grouped) THEN coalesce(:now, now()) END,
+    last_error = CASE WHEN last_error = :alone THEN :solitary ELSE :error END,
+    lease_owner = NULL, lease_token = NULL
 WHERE seq = ANY(CAST(:seqs AS bigint[])) AND lease_token = :token AND state = 'in_flight'
 """
 
@@ -198,16 +210,21 @@ FROM settled
 #
 # Which message killed the relay is unknown unless it was alone (common.ALONE): a row claimed
 # alone (last_error = :alone) is charged the attempt and goes to dead once it has used up its
-# attempts; any other is charged nothing and becomes a suspect (lease_expires_at stays set), to
-# be claimed alone next. So a message that kills every relay that claims it dead-letters itself
-# only. :max_attempts is the relay's default; a per-exchange override is not consulted here.
-# SKIP LOCKED: two relays reclaiming at once take disjoint rows instead of one waiting.
+# attempts; any other is charged nothing and becomes a suspect (lease_expires_at stays set): one
+# that was in a group of suspects (:grouped) or alone becomes solitary (last_error = :solitary),
+# to be claimed alone next; the rest are claimed in groups. So a message that kills every relay
+# that claims it dead-letters itself only. :max_attempts is the relay's default; a per-exchange
+# override is not consulted here. SKIP LOCKED: two relays reclaiming at once take disjoint rows
+# instead of one waiting. The attempt record gives the reason ({error}), whatever last_error says.
 #
-# {where} picks the rows: an expired lease (RECLAIM_EXPIRED), or one token's rows whose relay
-# is crashing and gives them up now (ABANDON). {error} is the reason recorded.
+# {where} picks the rows: an expired lease (RECLAIM_EXPIRED), one token's rows whose relay is
+# crashing and gives them up now (ABANDON), those an earlier run of this relay's id left
+# (RECLAIM_OWNER), or those of relays whose heartbeat stopped (RECLAIM_DEAD, whose {before}
+# finds them). Each returns how many rows it took back ({result}).
 _RECLAIM = """
-WITH expired AS (
-    SELECT seq, lease_owner, last_error = :alone AS alone FROM outbox_message
+WITH {before}expired AS (
+    SELECT seq, lease_owner, last_error = :alone AS alone, last_error = :grouped AS grouped
+    FROM outbox_message
     WHERE state = 'in_flight' AND {where}
     FOR UPDATE SKIP LOCKED
 ), reclaimed AS (
@@ -215,26 +232,59 @@ WITH expired AS (
     SET state = CASE WHEN expired.alone AND m.attempts >= coalesce(m.max_attempts, :max_attempts)
                      THEN 'dead' ELSE 'pending' END,
         attempts = CASE WHEN expired.alone THEN m.attempts ELSE greatest(m.attempts - 1, 0) END,
-        last_error = {error},
+        last_error = CASE WHEN expired.alone
+                               AND m.attempts >= coalesce(m.max_attempts, :max_attempts)
+                          THEN {error}
+                          WHEN expired.alone OR expired.grouped THEN :solitary
+                          ELSE {error} END,
         last_failed_at = coalesce(:now, now()),
         lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
     FROM expired
     WHERE m.seq = expired.seq
-    RETURNING m.id, m.attempts, m.last_error, m.state, m.last_failed_at, expired.alone
+    RETURNING m.id, m.attempts, m.state, m.last_failed_at, expired.alone, {error} AS error
+), recorded AS (
+    INSERT INTO outbox_attempt
+        (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
+    SELECT id, CASE WHEN alone THEN attempts ELSE attempts + 1 END, last_failed_at, :relay_id,
+           'ambiguous',
+           CASE WHEN state = 'dead' THEN 'dead' WHEN alone THEN 'retry' ELSE 'deferred' END,
+           error, CASE WHEN state = 'dead' THEN NULL ELSE last_failed_at END
+    FROM reclaimed
+    RETURNING 1
 )
-INSERT INTO outbox_attempt
-    (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
-SELECT id, CASE WHEN alone THEN attempts ELSE attempts + 1 END, last_failed_at, :relay_id,
-       'ambiguous',
-       CASE WHEN state = 'dead' THEN 'dead' WHEN alone THEN 'retry' ELSE 'deferred' END,
-       last_error, CASE WHEN state = 'dead' THEN NULL ELSE last_failed_at END
-FROM reclaimed
+SELECT {result}
 """
+_COUNT = "(SELECT count(*) FROM recorded)"
 RECLAIM_EXPIRED = _RECLAIM.format(
+    before="",
     where="lease_expires_at < coalesce(:now, now())",
     error="'lease held by ' || coalesce(expired.lease_owner, '?') || ' expired before it settled'",
+    result=_COUNT,
 )
-ABANDON = _RECLAIM.format(where="lease_token = :token", error=":error")
+ABANDON = _RECLAIM.format(before="", where="lease_token = :token", error=":error", result=_COUNT)
+RECLAIM_OWNER = _RECLAIM.format(
+    before="",
+    where="lease_owner = :relay_id",
+    error="'lease held by an earlier run of ' || :relay_id || ', which stopped before it settled'",
+    result=_COUNT,
+)
+# Relays whose last beat is older than :dead_after (never this one) are deleted, and their rows
+# taken back, in one statement: a relay beating at this moment either beats first (its row is
+# then young enough to stay) or finds its row gone. `EXISTS (SELECT 1 FROM dead)` is evaluated
+# once: while every relay beats, the in-flight rows are not even looked at. Returns the dead
+# relays and how many rows came back.
+RECLAIM_DEAD = _RECLAIM.format(
+    before="""dead AS (
+    DELETE FROM outbox_relay
+    WHERE last_seen < coalesce(:now, now()) - make_interval(secs => :dead_after)
+      AND relay_id <> :relay_id
+    RETURNING relay_id
+), """,
+    where="EXISTS (SELECT 1 FROM dead) AND lease_owner IN (SELECT relay_id FROM dead)",
+    error="'relay ' || coalesce(expired.lease_owner, '?') || ' stopped beating (no heartbeat for '"
+    " || :dead_after || ' s) before it settled'",
+    result=f"ARRAY(SELECT relay_id FROM dead ORDER BY relay_id), {_COUNT}",  # noqa: S608
+)
 
 # ------------------------------------------------------------------------ resources, relays
 
@@ -244,6 +294,17 @@ LOCK_RESOURCE = f"""
 SELECT {common.RESOURCE_COLUMNS}, coalesce(:now, now()) AS now
 FROM outbox_resource WHERE resource = :resource FOR UPDATE
 """  # noqa: S608 - a column list constant; every value is bound
+
+# A relay's run begins (common.BEAT): its row, new or taking over an earlier run's under the same
+# id, names this run by started_at.
+REGISTER_RELAY = """
+INSERT INTO outbox_relay (relay_id, started_at, last_seen)
+VALUES (:relay_id, coalesce(:now, now()), coalesce(:now, now()))
+ON CONFLICT (relay_id) DO UPDATE SET started_at = excluded.started_at,
+                                     last_seen = excluded.last_seen
+RETURNING started_at
+"""
+BEAT = common.BEAT.format(now="coalesce(:now, now())")
 
 # Relay heartbeats (outbox_relay): each running relay refreshes its row every few seconds.
 HEARTBEAT = """
@@ -411,6 +472,10 @@ class Postgres(Dialect):
         self._settle = compile_sql(SETTLE_FAILURES)
         self._reclaim = compile_sql(RECLAIM_EXPIRED)
         self._abandon = compile_sql(ABANDON)
+        self._reclaim_owner = compile_sql(RECLAIM_OWNER)
+        self._reclaim_dead = compile_sql(RECLAIM_DEAD)
+        self._register = compile_sql(REGISTER_RELAY, {"started_at": TIME})
+        self._beat = compile_sql(BEAT)
         self._purge = compile_sql(PURGE_BATCH)
         return Statements.compile(
             blocking=blocking,
@@ -481,10 +546,24 @@ class Postgres(Dialect):
         return conn.execute(self._settle, {**params, **arrays}).rowcount
 
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
-        return conn.execute(self._reclaim, params).rowcount
+        return int(conn.execute(self._reclaim, params).scalar_one())
 
     def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
-        return conn.execute(self._abandon, params).rowcount
+        return int(conn.execute(self._abandon, params).scalar_one())
+
+    def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
+        return int(conn.execute(self._reclaim_owner, params).scalar_one())
+
+    def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
+        relays, count = conn.execute(self._reclaim_dead, params).one()
+        return list(relays), int(count)
+
+    def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
+        started: dt.datetime = conn.execute(self._register, params).scalar_one()
+        return started
+
+    def beat(self, conn: Connection, params: dict[str, Any]) -> bool:
+        return conn.execute(self._beat, params).rowcount == 1
 
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
         count, last = conn.execute(self._purge, params).one()

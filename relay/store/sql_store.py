@@ -30,10 +30,14 @@ from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError, SchemaNotFound
 from relay.ports import Claimed, ResourceRow, RetentionFailed, StateCounts, T
 from relay.store import counting, retention
-from relay.store.common import ALONE
+from relay.store.common import ALONE, GROUPED, SOLITARY
 from relay.store.databases import DIALECTS, database_url, dialect_for, driver_arguments
 
 ERROR_MAX = 2000  # characters of error text kept per attempt
+
+# The texts that mark a suspect's isolation (common.GROUPED), bound into the statements that claim,
+# give back and reclaim rows.
+SUSPECT_STAMPS = {"alone": ALONE, "grouped": GROUPED, "solitary": SOLITARY}
 
 log = logging.getLogger("relay.store")
 
@@ -103,6 +107,7 @@ class SqlStore:
         lease_seconds: float,
         exclude: Sequence[str] = (),
         only: str | None = None,
+        suspect_group: int = 1,
     ) -> list[Claimed]:
         params: dict[str, Any] = {
             "owner": owner,
@@ -113,7 +118,8 @@ class SqlStore:
             "lease_seconds": lease_seconds,
             "exclude": self.dialect.bind_list(exclude),
             "only": only,
-            "alone": ALONE,
+            "group": max(1, suspect_group),
+            **SUSPECT_STAMPS,
             "now": self._clock(),
         }
         with self._conn() as conn:
@@ -167,7 +173,7 @@ class SqlStore:
             "seqs": self.dialect.bind_list(seqs),
             "delay_seconds": delay_seconds,
             "error": error,
-            "alone": ALONE,
+            **SUSPECT_STAMPS,
             "now": self._clock(),
         }
         with self._conn() as conn:
@@ -199,11 +205,34 @@ class SqlStore:
         params = {
             "relay_id": relay_id,
             "max_attempts": max_attempts,
-            "alone": ALONE,
+            **SUSPECT_STAMPS,
             "now": self._clock(),
         }
         with self._conn() as conn:
             return self.dialect.reclaim_expired(conn, params)
+
+    def reclaim_owner(self, relay_id: str, *, max_attempts: int = 10) -> int:
+        params = {
+            "relay_id": relay_id,
+            "max_attempts": max_attempts,
+            **SUSPECT_STAMPS,
+            "now": self._clock(),
+        }
+        with self._conn() as conn:
+            return self.dialect.reclaim_owner(conn, params)
+
+    def reclaim_dead(
+        self, *, relay_id: str, dead_after: float, max_attempts: int = 10
+    ) -> tuple[list[str], int]:
+        params = {
+            "relay_id": relay_id,
+            "dead_after": dead_after,
+            "max_attempts": max_attempts,
+            **SUSPECT_STAMPS,
+            "now": self._clock(),
+        }
+        with self._conn() as conn:
+            return self.dialect.reclaim_dead(conn, params)
 
     def abandon(
         self, token: uuid.UUID, *, error: str, relay_id: str = "", max_attempts: int = 10
@@ -213,7 +242,7 @@ class SqlStore:
             "error": error[:ERROR_MAX],
             "relay_id": relay_id,
             "max_attempts": max_attempts,
-            "alone": ALONE,
+            **SUSPECT_STAMPS,
             "now": self._clock(),
         }
         with self._conn() as conn:
@@ -248,6 +277,17 @@ class SqlStore:
     def heartbeat(self, relay_id: str) -> None:
         with self._conn() as conn:
             conn.execute(self._sql.heartbeat, {"relay_id": relay_id, "now": self._clock()})
+
+    def register_relay(self, relay_id: str) -> dt.datetime:
+        with self._conn() as conn:
+            return _utc(
+                self.dialect.register_relay(conn, {"relay_id": relay_id, "now": self._clock()})
+            )
+
+    def beat(self, relay_id: str, started_at: dt.datetime) -> bool:
+        params = {"relay_id": relay_id, "started_at": started_at, "now": self._clock()}
+        with self._conn() as conn:
+            return self.dialect.beat(conn, params)
 
     def forget_relay(self, relay_id: str) -> None:
         with self._conn() as conn:

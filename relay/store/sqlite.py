@@ -52,14 +52,17 @@ _READ_NOW = f"SELECT {NOW} AS now"
 # is no SKIP LOCKED to need, the write lock is already held. These bind the transaction's time,
 # read once (Sqlite._now), so :now is never NULL here.
 _SELECT_UNKEYED = """
-SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect FROM outbox_message
+SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
+       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary
+FROM outbox_message
 WHERE state = 'pending' AND key IS NULL AND available_at <= :now {filter}
 ORDER BY priority DESC, available_at, seq
 LIMIT :limit
 """
 
 _SELECT_KEYED = """
-SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect, {head} AS head
+SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
+       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary, {head} AS head
 FROM outbox_message AS m
 WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= :now {filter}
 ORDER BY priority DESC, available_at, seq
@@ -74,8 +77,8 @@ _RESOURCE_FILTER = """
 PARK = "UPDATE outbox_message SET held = true WHERE seq IN (SELECT value FROM json_each(:seqs))"
 
 # `state = 'pending'` again: the candidates were chosen under the same write lock, so this only
-# restates what must hold. :suspect is true when the one row chosen is a suspect (see
-# postgres._CLAIM): it is stamped claimed alone.
+# restates what must hold. :suspect is true when the rows chosen are suspects (see
+# postgres._CLAIM): they are stamped with :stamp, claimed alone or with other suspects.
 CLAIM = f"""
 UPDATE outbox_message
 SET state = 'in_flight',
@@ -83,7 +86,7 @@ SET state = 'in_flight',
     lease_owner = :owner,
     lease_token = :token,
     lease_expires_at = {_now_plus("lease_seconds")},
-    last_error = CASE WHEN :suspect THEN :alone ELSE last_error END
+    last_error = CASE WHEN :suspect THEN :stamp ELSE last_error END
 WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'pending'
 RETURNING seq, id, exchange, routing_key, payload, content_type, headers, key,
           priority, attempts, max_attempts, available_at, created_at, traceparent,
@@ -126,8 +129,9 @@ RELEASE = f"""
 UPDATE outbox_message
 SET state = 'pending', available_at = {_now_plus("delay_seconds")},
     attempts = max(attempts - 1, 0),
-    lease_expires_at = CASE WHEN last_error = :alone THEN {NOW} END,
-    last_error = :error, lease_owner = NULL, lease_token = NULL
+    lease_expires_at = CASE WHEN last_error IN (:alone, :grouped) THEN {NOW} END,
+    last_error = CASE WHEN last_error = :alone THEN :solitary ELSE :error END,
+    lease_owner = NULL, lease_token = NULL
 WHERE seq IN (SELECT value FROM json_each(:seqs)) AND lease_token = :token
   AND state = 'in_flight'
 """  # noqa: S608
@@ -160,24 +164,46 @@ VALUES (:message_id, :attempt, :now, :relay_id, :failure_class, :outcome, :error
 """
 
 # Expired leases: see postgres._RECLAIM (who is charged, suspects). RETURNING sees the new values
-# only, so the rows claimed alone are read first (_RECLAIM_ALONE, in the same transaction); the
-# rows come back for RECORD_ATTEMPT. {where} and {error} as there.
-_RECLAIM_ALONE = """
-SELECT seq FROM outbox_message WHERE state = 'in_flight' AND {where} AND last_error = :alone
+# only, so whether each row was claimed alone, and the reason recorded, are read first
+# (_RECLAIMABLE, in the same transaction); the rows come back for RECORD_ATTEMPT. {where} and
+# {error} as there; SET reads the old values, lease_owner among them.
+_RECLAIMABLE = """
+SELECT seq, last_error = :alone AS alone, {error} AS error
+FROM outbox_message WHERE state = 'in_flight' AND {where}
 """
 _RECLAIM = """
 UPDATE outbox_message
 SET state = CASE WHEN last_error = :alone AND attempts >= coalesce(max_attempts, :max_attempts)
                  THEN 'dead' ELSE 'pending' END,
     attempts = CASE WHEN last_error = :alone THEN attempts ELSE max(attempts - 1, 0) END,
-    last_error = {error},
+    last_error = CASE WHEN last_error = :alone
+                           AND attempts >= coalesce(max_attempts, :max_attempts) THEN {error}
+                      WHEN last_error IN (:alone, :grouped) THEN :solitary
+                      ELSE {error} END,
     last_failed_at = :now,
     lease_owner = NULL, lease_token = NULL
 WHERE state = 'in_flight' AND {where}
-RETURNING seq, id, attempts, last_error, state
+RETURNING seq, id, attempts, state
 """
 _EXPIRED = "lease_expires_at < :now"
 _EXPIRED_ERROR = "'lease held by ' || coalesce(lease_owner, '?') || ' expired before it settled'"
+_OWNER = "lease_owner = :relay_id"
+_OWNER_ERROR = (
+    "'lease held by an earlier run of ' || :relay_id || ', which stopped before it settled'"
+)
+# See postgres.RECLAIM_DEAD: the dead relays are read and deleted first, in the same transaction.
+_DEAD = "lease_owner IN (SELECT value FROM json_each(:relays))"
+_DEAD_ERROR = (
+    "'relay ' || coalesce(lease_owner, '?') || ' stopped beating (no heartbeat for '"
+    " || :dead_after || ' s) before it settled'"
+)
+DEAD_RELAYS = f"""
+SELECT relay_id FROM outbox_relay
+WHERE last_seen < strftime({_FORMAT}, :now, printf('-%.6f seconds', :dead_after))
+  AND relay_id <> :relay_id
+ORDER BY relay_id
+"""  # noqa: S608
+FORGET_RELAYS = "DELETE FROM outbox_relay WHERE relay_id IN (SELECT value FROM json_each(:relays))"
 # ------------------------------------------------------------------------ resources, relays
 
 # No FOR UPDATE in SQLite: the write lock BEGIN IMMEDIATE took (Dialect.transaction) covers it.
@@ -185,6 +211,15 @@ LOCK_RESOURCE = f"""
 SELECT {common.RESOURCE_COLUMNS}, {NOW} AS now
 FROM outbox_resource WHERE resource = :resource
 """  # noqa: S608
+
+# See postgres.REGISTER_RELAY.
+REGISTER_RELAY = f"""
+INSERT INTO outbox_relay (relay_id, started_at, last_seen) VALUES (:relay_id, {NOW}, {NOW})
+ON CONFLICT (relay_id) DO UPDATE SET started_at = excluded.started_at,
+                                     last_seen = excluded.last_seen
+RETURNING started_at
+"""  # noqa: S608
+BEAT = common.BEAT.format(now=NOW)
 
 HEARTBEAT = f"""
 INSERT INTO outbox_relay (relay_id, started_at, last_seen) VALUES (:relay_id, {NOW}, {NOW})
@@ -279,17 +314,23 @@ class Sqlite(Dialect):
             "seq": Integer(),
             "id": Uuid(),
             "attempts": Integer(),
-            "last_error": String(),
             "state": String(),
         }
-        self._reclaim_alone = compile_sql(_RECLAIM_ALONE.format(where=_EXPIRED))
-        self._reclaim = compile_sql(
-            _RECLAIM.format(where=_EXPIRED, error=_EXPIRED_ERROR), reclaimed
-        )
-        self._abandon_alone = compile_sql(_RECLAIM_ALONE.format(where="lease_token = :token"))
-        self._abandon = compile_sql(
-            _RECLAIM.format(where="lease_token = :token", error=":error"), reclaimed
-        )
+
+        def reclaim(where: str, error: str) -> tuple[Compiled, Compiled]:
+            return (
+                compile_sql(_RECLAIMABLE.format(where=where, error=error)),
+                compile_sql(_RECLAIM.format(where=where, error=error), reclaimed),
+            )
+
+        self._reclaim = reclaim(_EXPIRED, _EXPIRED_ERROR)
+        self._abandon = reclaim("lease_token = :token", ":error")
+        self._reclaim_owner = reclaim(_OWNER, _OWNER_ERROR)
+        self._reclaim_dead = reclaim(_DEAD, _DEAD_ERROR)
+        self._dead_relays = compile_sql(DEAD_RELAYS)
+        self._forget_relays = compile_sql(FORGET_RELAYS)
+        self._register = compile_sql(REGISTER_RELAY, {"started_at": TIME})
+        self._beat = compile_sql(BEAT)
         self._purge_messages = compile_sql(PURGE_MESSAGES)
         self._purge_attempts = compile_sql(PURGE_ATTEMPTS)
         return Statements.compile(
@@ -330,22 +371,29 @@ class Sqlite(Dialect):
             p = {**params, "now": self._now(conn, params)}
             candidates = [tuple(r) for r in conn.execute(self._select_unkeyed, p)]
             parked: list[int] = []
-            for seq, priority, available_at, suspect, head in conn.execute(self._select_keyed, p):
+            for *candidate, head in conn.execute(self._select_keyed, p):
                 if head:
-                    candidates.append((seq, priority, available_at, suspect))
+                    candidates.append(tuple(candidate))
                 else:
-                    parked.append(seq)
+                    parked.append(candidate[0])
             if parked:
                 conn.execute(self._park, {"seqs": self.bind_list(parked)})
             # available_at is the stored text here, which sorts as time does.
             candidates.sort(key=lambda c: (-c[1], str(c[2]), c[0]))
             best = candidates[: params["limit"]]
-            # A suspect among them is claimed alone (common.ALONE).
-            suspects = [c for c in best if c[3]]
-            chosen = suspects[:1] or best
+            # A solitary suspect among them is claimed alone, else the suspects together, at most
+            # :group of them (common.GROUPED, SOLITARY, ALONE).
+            solitary = [c for c in best if c[4]][:1]
+            suspects = [c for c in best if c[3]][: params["group"]]
+            chosen = solitary or suspects or best
             return conn.execute(
                 self._claim,
-                {**p, "seqs": self.bind_list(c[0] for c in chosen), "suspect": bool(suspects)},
+                {
+                    **p,
+                    "seqs": self.bind_list(c[0] for c in chosen),
+                    "suspect": bool(suspects),
+                    "stamp": params["alone"] if solitary else params["grouped"],
+                },
             ).all()
 
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
@@ -383,24 +431,44 @@ class Sqlite(Dialect):
         return changed
 
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
-        return self._reclaim_rows(conn, params, self._reclaim_alone, self._reclaim)
+        with self.transaction(conn):
+            return self._reclaim_rows(conn, params, *self._reclaim)
 
     def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
-        return self._reclaim_rows(conn, params, self._abandon_alone, self._abandon)
+        with self.transaction(conn):
+            return self._reclaim_rows(conn, params, *self._abandon)
 
-    def _reclaim_rows(
-        self, conn: Connection, params: dict[str, Any], alone: Compiled, reclaim: Compiled
-    ) -> int:
+    def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
+        with self.transaction(conn):
+            return self._reclaim_rows(conn, params, *self._reclaim_owner)
+
+    def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
         with self.transaction(conn):
             p = {**params, "now": self._now(conn, params)}
-            alone_seqs = set(conn.execute(alone, p).scalars())
-            rows = conn.execute(reclaim, p).all()
-            if rows:
-                conn.execute(
-                    self._record_attempt,
-                    [_reclaim_attempt(r, r.seq in alone_seqs, p) for r in rows],
-                )
+            dead = list(conn.execute(self._dead_relays, p).scalars())
+            if not dead:
+                return [], 0
+            relays = self.bind_list(dead)
+            conn.execute(self._forget_relays, {"relays": relays})
+            return dead, self._reclaim_rows(conn, {**p, "relays": relays}, *self._reclaim_dead)
+
+    def _reclaim_rows(
+        self, conn: Connection, params: dict[str, Any], before: Compiled, reclaim: Compiled
+    ) -> int:
+        """_RECLAIMABLE then _RECLAIM, inside the caller's transaction."""
+        p = {**params, "now": self._now(conn, params)}
+        told = {seq: (alone, error) for seq, alone, error in conn.execute(before, p)}
+        rows = conn.execute(reclaim, p).all()
+        if rows:
+            conn.execute(self._record_attempt, [_reclaim_attempt(r, *told[r.seq], p) for r in rows])
         return len(rows)
+
+    def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
+        started: dt.datetime = conn.execute(self._register, params).scalar_one()
+        return started
+
+    def beat(self, conn: Connection, params: dict[str, Any]) -> bool:
+        return conn.execute(self._beat, params).rowcount == 1
 
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
         with self.transaction(conn):
@@ -410,7 +478,7 @@ class Sqlite(Dialect):
         return len(ids), uuid.UUID(max(ids)) if ids else None
 
 
-def _reclaim_attempt(r: Any, alone: bool, p: Mapping[str, Any]) -> dict[str, Any]:
+def _reclaim_attempt(r: Any, alone: bool, error: str, p: Mapping[str, Any]) -> dict[str, Any]:
     """The attempt record of a reclaimed row (see postgres._RECLAIM)."""
     dead = r.state == "dead"
     return {
@@ -419,6 +487,6 @@ def _reclaim_attempt(r: Any, alone: bool, p: Mapping[str, Any]) -> dict[str, Any
         "attempt": r.attempts if alone else r.attempts + 1,
         "failure_class": "ambiguous",
         "outcome": "dead" if dead else "retry" if alone else "deferred",
-        "error": r.last_error,
+        "error": error,
         "next_at": None if dead else p["now"],
     }

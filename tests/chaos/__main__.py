@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from tests.chaos import run
+from tests.chaos import mid_drain, run
 
 BROKER, DB = {"broker": True}, {"db": True}
 
@@ -35,6 +35,9 @@ def scenarios() -> list[tuple[str, run.Fault, dict[str, bool]]]:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos")
     parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument(
+        "--backlog", type=int, default=20_000, help="kill mid-drain: messages in the backlog"
+    )
     parser.add_argument("--only", default="", help="comma-separated name prefixes")
     parser.add_argument(
         "--databases",
@@ -47,6 +50,17 @@ def main() -> int:
     if not databases or set(databases) - set(run.DATABASES):
         parser.error(f"--databases takes {', '.join(run.DATABASES)}")
     rows = []
+    notes = []
+    for database in databases:
+        if wanted and not any(mid_drain.NAME.startswith(w) for w in wanted):
+            break
+        started = time.monotonic()
+        print(f"chaos: {mid_drain.NAME} on {database}, {args.backlog:,} messages ...", flush=True)
+        row = mid_drain.run_kill_mid_drain(messages=args.backlog, database=database)
+        rows.append(row)
+        notes.append(mid_drain.note(row))
+        print(f"chaos: {row.fault}: {'ok' if row.ok else 'FAILED'} "
+              f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
     for database, (name, fault, proxies) in ((d, s) for d in databases for s in scenarios()):
         if wanted and not any(name.startswith(w) for w in wanted):
             continue
@@ -70,6 +84,8 @@ def main() -> int:
                   f"{row.report.disordered_keys}")  # fmt: skip
     print()
     print(run.table(rows))
+    for line in notes:
+        print(line)
     return 0 if all(r.ok for r in rows) else 1
 
 

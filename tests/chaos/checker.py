@@ -60,6 +60,12 @@ class DeliveryChecker:
         with self._lock:
             return (set(self._committed) if ids is None else ids) <= set(self._received)
 
+    @property
+    def received_count(self) -> int:
+        """Deliveries so far, duplicates included."""
+        with self._lock:
+            return len(self._received)
+
     def committed_ids(self) -> set[str]:
         with self._lock:
             return set(self._committed)

@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ class Row:
     steady_connection: bool = False  # the fault must not cost the relay its broker connection
     poisoned: int = 0  # rows spoiled by the fault (never to be delivered)
     poison_dead: int = 0  # of those, how many ended dead
+    held_at_kill: int | None = None  # kill mid-drain: rows the killed relay held in flight
 
     @property
     def ok(self) -> bool:
@@ -73,11 +74,14 @@ def _schema_url(schema: str) -> str:
 
 
 class Relay:
-    """`outbox-relay run` as a subprocess, started and killed at will."""
+    """`outbox-relay run` as a subprocess, started and killed at will (with `flags`: RELAY_FLAGS
+    unless given)."""
 
-    def __init__(self, db_url: str, amqp_url: str, log: Path) -> None:
+    def __init__(
+        self, db_url: str, amqp_url: str, log: Path, flags: Sequence[str] = RELAY_FLAGS
+    ) -> None:
         self.argv = [sys.executable, "-m", "relay", "--db", db_url, "--amqp", amqp_url, "run",
-                     *RELAY_FLAGS]  # fmt: skip
+                     *flags]  # fmt: skip
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -106,11 +110,14 @@ class Relay:
 
 
 class Consumer:
-    """Reads the queue with manual acks and reports each delivery; reconnects if the broker goes."""
+    """Reads the queue with manual acks and reports each delivery; reconnects if the broker goes.
+    With `auto_ack` the broker does not wait for acks: faster, for a fault that leaves the broker
+    alone (a delivery in flight when the connection drops would look lost)."""
 
-    def __init__(self, queue: str, checker: DeliveryChecker) -> None:
+    def __init__(self, queue: str, checker: DeliveryChecker, *, auto_ack: bool = False) -> None:
         self.queue = queue
         self.checker = checker
+        self.auto_ack = auto_ack
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-consumer")
 
@@ -134,9 +141,10 @@ class Consumer:
 
                 def on_message(ch: Any, method: Any, props: Any, _body: bytes) -> None:
                     self.checker.received(props.message_id)
-                    ch.basic_ack(method.delivery_tag)
+                    if not self.auto_ack:
+                        ch.basic_ack(method.delivery_tag)
 
-                channel.basic_consume(self.queue, on_message)
+                channel.basic_consume(self.queue, on_message, auto_ack=self.auto_ack)
                 while not self._stop.is_set():
                     conn.process_data_events(time_limit=0.1)
                 conn.close()

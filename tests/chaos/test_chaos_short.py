@@ -1,7 +1,8 @@
 """Short versions of the chaos scenarios, in `make test` (`make chaos` runs them at full length,
 plus a broker restart and a memory alarm, which touch the whole broker). The faults that reach
 the database (a killed relay mid-lease, a cut database connection, spoiled rows) run on MariaDB
-too; the broker's faults do not involve the database and run on PostgreSQL only."""
+too; the broker's faults do not involve the database and run on PostgreSQL only. A relay killed
+mid-drain runs on PostgreSQL with every setting at its default."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos import run
+from tests.chaos import mid_drain, run
 
 
 @pytest.mark.parametrize(
@@ -60,3 +61,21 @@ def test_nothing_is_lost_unexpected_or_out_of_order(
     assert row.ok, (row, logs)
     if row.poisoned:
         assert row.poison_dead == row.poisoned, row
+
+
+def test_a_relay_killed_mid_drain_is_taken_over_by_its_heartbeat_not_its_lease(
+    amqp_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Default settings (a 30 s lease): the next relay takes the killed one's rows back when its
+    heartbeat stops, and publishes again at most what the broker had not confirmed to it."""
+    row = mid_drain.run_kill_mid_drain(messages=4000, workdir=tmp_path, settle_timeout=90)
+    with capsys.disabled():
+        print(f"\n{run.table([row])}\n{mid_drain.note(row)}")
+    logs = "".join(p.read_text() for p in tmp_path.glob("chaos-*.log"))
+    assert row.ok, (row, logs[-3000:])
+    assert row.report.committed == 4000
+    assert "relay.dead_relays_reclaimed" in logs
+    assert "relay.leases_reclaimed" not in logs  # what an expired lease would have said
+    # What was sent again is at most what the killed relay held: never the whole backlog.
+    assert row.held_at_kill is not None
+    assert row.report.duplicated <= row.held_at_kill

@@ -189,15 +189,20 @@ def test_a_message_whose_relays_keep_dying_is_dead_lettered_after_max_attempts(
     app_engine: Engine, store: SqlStore
 ) -> None:
     """A message that kills every relay claiming it must not come round for ever. The first
-    lease that runs out charges nothing (its relay held it beside others, for all the store
-    knows); from then on it is claimed alone, and each lease it loses is charged."""
+    two leases that run out charge nothing (its relay held it beside others, then beside other
+    suspects, for all the store knows); from then on it is claimed alone, and each lease it loses
+    is charged."""
     from sqlalchemy.orm import Session
 
     with Session(app_engine) as session, session.begin():
         poison = outbox.enqueue(session, exchange="e", routing_key="r", payload={}, max_attempts=2)
-    for n in (1, 2, 3):
-        claimed = store.claim(owner=f"doomed-{n}", token=uuid.uuid4(), limit=10, lease_seconds=30)
+    claims = []
+    for n in (1, 2, 3, 4):
+        claimed = store.claim(
+            owner=f"doomed-{n}", token=uuid.uuid4(), limit=10, lease_seconds=30, suspect_group=5
+        )
         assert [c.id for c in claimed] == [poison]
+        claims.append((claimed[0].suspect, claimed[0].attempts))
         with app_engine.begin() as conn:  # the relay died holding it: its lease runs out
             conn.execute(
                 update(message).values(lease_expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
@@ -206,6 +211,7 @@ def test_a_message_whose_relays_keep_dying_is_dead_lettered_after_max_attempts(
     with app_engine.connect() as conn:
         state, error = conn.execute(select(message.c.state, message.c.last_error)).one()
         outcomes = conn.execute(select(attempt.c.outcome).order_by(attempt.c.id)).scalars().all()
+    assert claims == [(False, 1), (True, 1), (True, 1), (True, 2)]
     assert state == "dead"
-    assert "doomed-3" in error
-    assert outcomes == ["deferred", "retry", "dead"]
+    assert "doomed-4" in error
+    assert outcomes == ["deferred", "deferred", "retry", "dead"]

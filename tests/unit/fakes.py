@@ -61,6 +61,7 @@ class FakeStore:
     resource_rows: dict[str, ResourceRow] = field(default_factory=dict)
     now: dt.datetime = EPOCH  # the shared clock the resource transitions see
     alive: dict[str, dt.datetime] = field(default_factory=dict)
+    runs: dict[str, dt.datetime] = field(default_factory=dict)  # relay id -> its run's start
 
     def add(self, *claimed: Claimed) -> None:
         for c in claimed:
@@ -83,6 +84,7 @@ class FakeStore:
         lease_seconds: float,
         exclude: Sequence[str] = (),
         only: str | None = None,
+        suspect_group: int = 1,
     ) -> list[Claimed]:
         self._maybe_fail("claim")
         ready = [
@@ -94,7 +96,7 @@ class FakeStore:
             and (only is None or r.claimed.exchange == only)
         ][:limit]
         suspects = [r for r in ready if r.claimed.suspect]
-        ready = suspects[:1] or ready  # a suspect is claimed alone, as the real store does
+        ready = suspects[:suspect_group] or ready  # suspects are claimed apart, as in the store
         for r in ready:
             r.state, r.token = "in_flight", token
         return [r.claimed for r in ready]
@@ -174,6 +176,30 @@ class FakeStore:
 
     def forget_relay(self, relay_id: str) -> None:
         self.alive.pop(relay_id, None)
+        self.runs.pop(relay_id, None)
+
+    def register_relay(self, relay_id: str) -> dt.datetime:
+        self._maybe_fail("register")
+        # Each run named apart, as the database's clock would.
+        started = max([self.now, *self.runs.values()]) + dt.timedelta(microseconds=1)
+        self.runs[relay_id] = self.alive[relay_id] = started
+        return started
+
+    def beat(self, relay_id: str, started_at: dt.datetime) -> bool:
+        self._maybe_fail("beat")
+        if self.runs.get(relay_id) != started_at:
+            return False
+        self.alive[relay_id] = self.now
+        return True
+
+    def reclaim_owner(self, relay_id: str, *, max_attempts: int = 10) -> int:
+        return 0
+
+    def reclaim_dead(
+        self, *, relay_id: str, dead_after: float, max_attempts: int = 10
+    ) -> tuple[list[str], int]:
+        self._maybe_fail("reclaim_dead")
+        return [], 0
 
     def relays(self, within_seconds: float) -> list[tuple[str, dt.datetime, dt.datetime]]:
         return [(r, t, t) for r, t in sorted(self.alive.items())]
