@@ -90,7 +90,7 @@ def test_another_commands_option_with_the_same_name_is_not_a_setting() -> None:
         ("OUTBOX_HTTP_PORT", "99999", "OUTBOX_HTTP_PORT='99999' is not a port number"),
         ("OUTBOX_LOG_LEVEL", "loud", "OUTBOX_LOG_LEVEL='loud' is not one of DEBUG"),
         ("OUTBOX_DB_URL", "nonsense", "OUTBOX_DB_URL: cannot parse the database URL"),
-        ("OUTBOX_DB_URL", "mysql://h/db", "OUTBOX_DB_URL: unsupported database 'mysql'"),
+        ("OUTBOX_DB_URL", "oracle://h/db", "OUTBOX_DB_URL: unsupported database 'oracle'"),
         ("OUTBOX_AMQP_URL", "http://h/", "OUTBOX_AMQP_URL: 'http://h/' is not an AMQP URL"),
     ],
 )

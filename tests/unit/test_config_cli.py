@@ -13,7 +13,7 @@ from relay.runtime.config import RelayConfig, parse_amqp_url, parse_db_url
 
 @pytest.mark.parametrize(
     "url",
-    ["nonsense", "mysql://u@h/db", "postgresql+asyncpg://u@h/db", "://"],
+    ["nonsense", "oracle://u@h/db", "postgresql+asyncpg://u@h/db", "://"],
 )
 def test_bad_db_urls_name_the_problem(url: str) -> None:
     with pytest.raises(ConfigError, match="--db"):
