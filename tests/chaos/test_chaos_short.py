@@ -12,6 +12,9 @@ import pytest
 
 from tests.chaos import mid_drain, run
 
+# Full-speed relays under faults: one at a time beside the light tests (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("heavy")
+
 
 @pytest.mark.parametrize(
     ("name", "fault", "proxies", "database"),
