@@ -179,21 +179,25 @@ class Statements:
         def sql(text: str, columns: Mapping[str, TypeEngine[Any]] | None = None) -> Compiled:
             return compile_sql(text, columns, lists=lists)
 
+        # The shared texts bind no list, and one name means a number there: a bucket's
+        # `:tokens` (UPDATE_RESOURCE), not extend_leases' list of lease tokens.
+        shared = compile_sql
+
         return cls(
             has_ready=sql(has_ready),
             release=sql(release),
             extend_leases=sql(extend_leases),
             unpark_sweep=sql(unpark_sweep or common.unpark_sweep(blocking=blocking)),
-            resources=sql(common.LIST_RESOURCES, RESOURCE_COLUMNS),
+            resources=shared(common.LIST_RESOURCES, RESOURCE_COLUMNS),
             ensure_resource=sql(ensure_resource),
             lock_resource=sql(lock_resource, LOCKED_RESOURCE_COLUMNS),
-            update_resource=sql(common.UPDATE_RESOURCE),
+            update_resource=shared(common.UPDATE_RESOURCE),
             heartbeat=sql(heartbeat),
-            forget_relay=sql(common.FORGET_RELAY),
+            forget_relay=shared(common.FORGET_RELAY),
             relays=sql(relays, RELAY_COLUMNS),
             pending_summary=sql(pending_summary),
             count_eligible=sql(count_eligible),
-            ping=sql(common.PING),
+            ping=shared(common.PING),
         )
 
 

@@ -20,7 +20,9 @@ from sqlalchemy.engine import make_url
 import outbox
 from outbox.migrate import MYSQL_INDEXES, inspect_schema
 from outbox.schema import message, schema_version
+from relay.core.bucket import Bucket
 from relay.errors import DatabaseUnavailable
+from relay.ports import ResourceRow
 from relay.store import admin
 from relay.store.sql_store import open_store, translated
 from tests.conftest import Broker, RelayFactory, make_app_engine, wait_until
@@ -191,6 +193,22 @@ def test_keys_compare_byte_for_byte(engine: Engine) -> None:
     finally:
         store.close()
     assert {c.id for c in claimed} == {upper, lower}  # two keys: both heads
+
+
+def test_a_rate_limit_bucket_keeps_its_tokens(engine: Engine) -> None:
+    # `:tokens` is a number in the resource row's UPDATE and a list of lease tokens elsewhere:
+    # bound as a list here, it stored NULL (a full bucket) and the rate limit never held.
+    store = open_store(engine.url.render_as_string(hide_password=False))
+    try:
+
+        def draw(row: ResourceRow, now: dt.datetime) -> tuple[ResourceRow, None]:
+            return ResourceRow(row.circuit, Bucket(3.5, now)), None
+
+        store.change_resource("127.0.0.1:5672/%2F/orders", draw)
+        (row,) = store.resources()
+    finally:
+        store.close()
+    assert row.bucket.tokens == 3.5
 
 
 # --------------------------------------------------------------------------- time
