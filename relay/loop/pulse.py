@@ -15,6 +15,10 @@ A relay that was only slow (a pause, a stalled database) finds at its next beat 
 gone: it gives back whatever it still holds (the loop, on `declared_dead`), then registers anew
 and goes on. Its lease-guarded writes would have changed nothing taken over anyway.
 
+A database outage that every relay sees would make each of them look dead to whichever beats
+first when it ends. So a relay that failed to beat itself judges the others again only after
+`dead_after` of its own beats have gone through since: long enough for every live relay to beat.
+
 Defaults: a beat every 0.5 s, dead after 3 s (six beats missed). A garbage-collection pause (tens
 of milliseconds) or a slow statement of a second or two does not reach that; a relay killed
 mid-drain has its rows taken over within 3-3.5 s.
@@ -53,6 +57,8 @@ class Pulse:
         self._last_ok: float | None = None  # clock time the last good beat began
         self._first = True  # the first registration takes back what an earlier run left
         self._dead = False  # declared dead: no beat until the loop has given everything back
+        self._doubt = False  # declared dead since the last good beat
+        self._judge_from: float | None = None  # no relay is taken for dead before this time
         self._failing = False  # the last turn failed (said once)
         self._error: str | None = None  # why, when the last turn failed other than by an outage
         self._running = False
@@ -117,14 +123,17 @@ class Pulse:
                 self._started_at = store.register_relay(config.relay_id)
             elif not store.beat(config.relay_id, self._started_at):
                 self._started_at, self._last_ok, self._dead = None, None, True
+                self._doubt = True
                 self._declared_dead()
                 return
             self._beat_ok(began)
-            relays, rows = store.reclaim_dead(
-                relay_id=config.relay_id,
-                dead_after=config.dead_after,
-                max_attempts=config.policy.max_attempts,
-            )
+            relays, rows = [], 0
+            if self._judge_from is None or began >= self._judge_from:
+                relays, rows = store.reclaim_dead(
+                    relay_id=config.relay_id,
+                    dead_after=config.dead_after,
+                    max_attempts=config.policy.max_attempts,
+                )
         except Exception as exc:
             # An outage is waited out (so is anything else), but an error that is not one (a
             # bug, a privilege taken away) also fails /healthz once it has stopped the relay's
@@ -157,6 +166,13 @@ class Pulse:
             )
 
     def _beat_ok(self, began: float) -> None:
+        if self._failing or self._doubt:
+            # This relay could not beat for a while itself (the database was out, or it was
+            # too slow): so could the others, for all it knows. It judges them again only once
+            # it has seen `dead_after` of heartbeats go through, in which every live relay
+            # beats too; until then a shared outage would look like everyone else dying.
+            self._judge_from = began + self._config.dead_after
+            self._doubt = False
         was_fresh = self.fresh(began)
         self._last_ok = began
         if not was_fresh:

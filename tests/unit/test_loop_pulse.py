@@ -157,3 +157,25 @@ def test_a_heartbeat_that_keeps_failing_fails_healthz_unless_the_database_is_dow
     store.broken = None
     relay.pulse.beat_once()
     assert relay.problem() is None
+
+
+def test_after_its_own_heartbeat_failed_a_relay_takes_no_one_for_dead_for_a_while(
+    running: list[Relay],
+) -> None:
+    """A database outage stops every relay's heartbeat: whoever beats first when it ends must
+    not take the others' leases before they have had the time to beat again."""
+    store = LivenessStore()
+    relay, clock = started(store, FakePublisher(), running)
+    store.dead = ["other:1"]
+    store.fail_next.append("beat")
+    clock.now += 100
+    relay.pulse.beat_once()  # the outage
+    clock.now += 100
+    relay.pulse.beat_once()  # back: but "other:1" may only have been out as long
+    assert store.dead == ["other:1"]  # not asked
+    clock.now += 299
+    relay.pulse.beat_once()
+    assert store.dead == ["other:1"]
+    clock.now += 1  # dead_after (300 s here) of good beats since: judged again
+    relay.pulse.beat_once()
+    assert store.dead == []
