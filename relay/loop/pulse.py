@@ -127,7 +127,8 @@ class Pulse:
                 self._declared_dead()
                 return
             self._beat_ok(began)
-            relays, rows = [], 0
+            relays: list[str] = []
+            rows = 0
             if self._judge_from is None or began >= self._judge_from:
                 relays, rows = store.reclaim_dead(
                     relay_id=config.relay_id,
