@@ -4,9 +4,9 @@ claims.
 Each claim is the main claim (every resource but those with an open circuit or a rate limit),
 then one probe per circuit whose cooldown is over and each rate-limited resource's share of
 tokens. Claimed rows go to the publisher in chunks while fewer than `max_unconfirmed` messages
-wait for their confirms (`pump`), and the next batch is claimed while one is still being sent:
-the broker always has work, and few messages are unconfirmed at any moment, so a relay killed
-mid-drain leaves little for the next one to send again.
+are sent and not yet marked (`pump`), and the next batch is claimed while one is still being
+sent: the broker always has work, and few messages are sent and unmarked at any moment, so a
+relay killed mid-drain leaves little for the next one to send again.
 
 Suspects (rows whose relay died holding them; the store claims them apart, in a group or alone)
 are quarantined: published only once nothing else is in flight, and nothing else is claimed until
@@ -221,7 +221,8 @@ class Claimer:
 
     def pump(self, now: float) -> None:
         """Hand claimed rows to the publisher, in claim order, while fewer than
-        `max_unconfirmed` wait for an answer. Suspects go only once nothing else is in flight."""
+        `max_unconfirmed` are sent and not yet written. Suspects go only once nothing else is in
+        flight."""
         publisher, leases = self._publisher, self._leases
         if not publisher.ready or publisher.blocked or not self._fresh(now):
             return

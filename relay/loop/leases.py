@@ -16,10 +16,11 @@ from relay.ports import Claimed
 
 @dataclass(slots=True)
 class Chunk:
-    """Rows of one lease handed to the publisher together, until the publisher answers."""
+    """Rows of one lease handed to the publisher together, until the outcomes are written."""
 
     seqs: list[int]
     sent_at: float  # clock time it was handed over
+    answered: bool = False  # the publisher answered (or it was given up): being written
 
 
 @dataclass(slots=True)
@@ -31,7 +32,7 @@ class Lease:
     rows: dict[int, Claimed]  # every row not settled yet, sent or not
     extended_at: float  # clock time of the claim or of the last extension
     unsent: deque[Claimed] = field(default_factory=deque)  # in claim order
-    chunks: dict[int, Chunk] = field(default_factory=dict)  # by chunk number, oldest first
+    chunks: dict[int, Chunk] = field(default_factory=dict)  # sent, not yet written; oldest first
     spans: dict[int, Span] = field(default_factory=dict)  # send spans, when tracing is on
     sent_at: float | None = None  # clock time its first chunk was handed over (None: not yet)
     suspect: bool = False  # suspects claimed apart: nothing else may be in flight with them
@@ -52,7 +53,8 @@ class Leases(dict[uuid.UUID, Lease]):
 
     @property
     def sending(self) -> int:
-        """Rows with the publisher, not yet answered: published and unconfirmed, or about to be."""
+        """Rows handed to the publisher whose outcomes are not written yet: what a relay killed
+        now could leave confirmed, or sent, and unmarked."""
         return sum(lease.sending for lease in self.values())
 
     @property

@@ -126,10 +126,9 @@ class Relay:
         retention when due, claim and publish what there is room for."""
         counts = Counts()
         now = self._clock()
-        self._take_inbox()
+        self._settle(counts)
         if not self._stopping:
-            self.claimer.pump(now)  # answers made room in the window: refill it before writing
-        self._write(counts)
+            self.claimer.pump(now)  # what was just written made room in the window
         self._give_up_overdue(now)
         upkeep = self.maintenance
         if now >= upkeep.next_upkeep:
@@ -156,17 +155,11 @@ class Relay:
 
     def _settle(self, counts: Counts) -> None:
         """Take what reached the inbox, then write every answered chunk."""
-        self._take_inbox()
-        self._write(counts)
-
-    def _take_inbox(self) -> None:
         while True:
             try:
                 self._handle(self._inbox.get_nowait())
             except queue.Empty:
                 break
-
-    def _write(self, counts: Counts) -> None:
         try:
             if self.settler.settle(counts):
                 # Settling can make new rows claimable (the next message of each key whose
@@ -178,7 +171,9 @@ class Relay:
     def _handle(self, event: object) -> None:
         if isinstance(event, Finished):
             lease = self._leases.get(event.token)
-            if lease is not None and lease.chunks.pop(event.chunk, None) is not None:
+            chunk = None if lease is None else lease.chunks.get(event.chunk)
+            if chunk is not None and not chunk.answered:
+                chunk.answered = True
                 self.settler.add(event)
             # else: given up as overdue, or given back, before the publisher answered: the
             # answer changes nothing.
@@ -201,9 +196,11 @@ class Relay:
         life = self.config.max_batch_life
         for lease in list(self._leases.values()):
             for number, chunk in list(lease.chunks.items()):
+                if chunk.answered:
+                    continue  # being written
                 if now - chunk.sent_at <= life:
                     break  # handed over in order: the rest are younger
-                del lease.chunks[number]
+                chunk.answered = True
                 why = f"no outcome from the publisher within {life:g} s"
                 outcomes = [
                     Outcome(seq, Fate.UNCONFIRMED, why, connection_lost=True)

@@ -25,7 +25,7 @@ class LoopSettings(Protocol):
     @property
     def max_in_flight(self) -> int: ...
     @property
-    def max_unconfirmed(self) -> int: ...  # messages with the publisher, not yet answered
+    def max_unconfirmed(self) -> int: ...  # messages sent, their outcomes not yet written
     @property
     def poll_interval(self) -> float: ...
     @property

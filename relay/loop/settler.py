@@ -120,6 +120,7 @@ class Settler:
         lease = self._leases.get(finished.token)
         if lease is None:
             return  # given back meanwhile
+        lease.chunks.pop(finished.chunk, None)  # its room in the window is free again
         rows, spans = {}, {}
         for outcome in finished.outcomes:
             row = lease.rows.pop(outcome.ref, None)

@@ -60,8 +60,8 @@ class RelayConfig:
     log_level: str = "INFO"  # one of relay.runtime.logs.LEVELS
     batch_size: int = 500  # rows per claim
     max_in_flight: int = 5000  # published, unconfirmed messages; bounds memory and redelivery
-    # Messages handed to the publisher and not yet answered, at most: what a killed relay can
-    # leave confirmed, or sent, and unmarked (published again by the next); the rest of a claim
+    # Messages handed to the publisher and not yet marked (or settled otherwise), at most: what a
+    # killed relay can leave sent and unmarked, for the next to publish again; the rest of a claim
     # waits in memory.
     max_unconfirmed: int = 256
     poll_interval: float = 0.5  # longest wait between claims when idle (a notification ends it)
@@ -654,8 +654,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--max-in-flight", "OUTBOX_MAX_IN_FLIGHT", "max_in_flight", positive_int,
             "unconfirmed messages at most", metavar="N"),
     Setting("--max-unconfirmed", "OUTBOX_MAX_UNCONFIRMED", "max_unconfirmed", positive_int,
-            "messages published and not yet confirmed at most: what a killed relay can leave "
-            "for the next to publish again", metavar="N"),
+            "messages published and not yet marked at most: what a killed relay can leave for "
+            "the next to publish again", metavar="N"),
     Setting("--heartbeat-interval", "OUTBOX_HEARTBEAT_INTERVAL", "heartbeat_interval",
             positive_number, "seconds between this relay's heartbeats", show=_seconds,
             metavar="SECONDS"),

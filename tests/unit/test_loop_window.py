@@ -142,3 +142,22 @@ def test_an_answer_for_a_chunk_given_up_as_overdue_changes_nothing() -> None:
     relay.run_once()
     assert store.states() == {1: "pending", 2: "pending", 3: "published", 4: "published"}
     assert all(r.burned == 0 for r in store.rows.values())
+
+
+def test_an_answer_keeps_its_room_in_the_window_until_it_is_written() -> None:
+    """What is sent and not yet marked is what a relay killed now leaves to be published again:
+    the window bounds it, so a database that cannot take the marks stops the sending too."""
+    store = FakeStore()
+    store.add(*(make_claimed(i) for i in range(1, 9)))
+    publisher = FakePublisher(hold=True)
+    relay, _ = make_relay(store, publisher, batch_size=8, max_unconfirmed=4)
+    relay.run_once()
+    assert len(publisher.published) == 4
+    store.fail_next.append("mark")
+    answer(publisher, 4)
+    relay.run_once()  # confirmed, but the mark failed: nothing more goes out
+    assert len(publisher.published) == 4
+    assert store.states()[1] == "in_flight"
+    relay.run_once()  # marked now, and the window refills
+    assert [store.rows[i].state for i in range(1, 5)] == ["published"] * 4
+    assert [i.ref for i in publisher.published] == list(range(1, 9))
