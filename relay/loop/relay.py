@@ -127,7 +127,12 @@ class Relay:
         counts = Counts()
         now = self._clock()
         self._settle(counts)
-        if not self._stopping:
+        publisher = self.publisher
+        if self._leases.unsent and (not publisher.ready or publisher.blocked):
+            # The broker cannot take them for now (no connection, or an alarm that may last):
+            # give them back at once, as they were claimed, rather than hold them leased.
+            counts.released += self._release_unsent("the broker could not take them")
+        elif not self._stopping:
             self.claimer.pump(now)  # what was just written made room in the window
         self._give_up_overdue(now)
         upkeep = self.maintenance

@@ -161,3 +161,18 @@ def test_an_answer_keeps_its_room_in_the_window_until_it_is_written() -> None:
     relay.run_once()  # marked now, and the window refills
     assert [store.rows[i].state for i in range(1, 5)] == ["published"] * 4
     assert [i.ref for i in publisher.published] == list(range(1, 9))
+
+
+def test_rows_waiting_for_the_window_go_back_when_the_broker_cannot_take_them() -> None:
+    store = FakeStore()
+    store.add(*(make_claimed(i) for i in range(1, 9)))
+    publisher = FakePublisher(hold=True)
+    relay, _ = make_relay(store, publisher, batch_size=8, max_unconfirmed=2)
+    relay.run_once()
+    assert relay.in_flight == 8  # 2 sent, 6 waiting
+    publisher.ready = False  # the connection is lost: the publisher answers for what it had
+    publisher.stop()
+    assert relay.run_once().released == 6  # the rest are not held leased through the outage
+    assert [store.rows[i].released for i in range(3, 9)] == [1] * 6
+    assert relay.in_flight == 0
+    assert [i.ref for i in publisher.published] == [1, 2]
