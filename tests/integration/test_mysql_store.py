@@ -117,7 +117,7 @@ def test_a_taken_key_whose_owner_rolls_back_is_the_racers(engine: Engine) -> Non
         assert conn.execute(select(message.c.id)).scalars().all() == found
 
 
-def test_two_racers_for_a_key_whose_owner_rolls_back_one_wins_one_is_told_to_retry(
+def test_two_racers_for_a_key_whose_owner_rolls_back_leave_one_row_and_one_id(
     engine: Engine,
 ) -> None:
     # InnoDB's documented case: both waiting INSERTs get a shared lock when the owner rolls
@@ -147,11 +147,15 @@ def test_two_racers_for_a_key_whose_owner_rolls_back_one_wins_one_is_told_to_ret
         owner.close()
     won = [o for o in outcomes if isinstance(o, uuid.UUID)]
     told = [o for o in outcomes if isinstance(o, BaseException)]
-    assert len(won) == 1, outcomes
-    assert len(told) == 1, outcomes
-    assert "retry the transaction" in str(told[0])
+    assert len(outcomes) == 2, outcomes
+    # Usually the deadlock above; when the server lets one racer commit before the other takes
+    # its lock, the second finds the key taken and answers with the first id. Never two rows.
+    assert len(set(won)) == 1, outcomes
+    if told:
+        assert len(told) == 1, outcomes
+        assert "retry the transaction" in str(told[0])
     with engine.connect() as conn:
-        assert conn.execute(select(message.c.id)).scalars().all() == won
+        assert conn.execute(select(message.c.id)).scalars().all() == won[:1]
 
 
 def test_the_callers_transaction_goes_on_after_a_taken_key(engine: Engine) -> None:
