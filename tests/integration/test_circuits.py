@@ -57,6 +57,7 @@ def deliver_and_time(broker: Broker, ids: list[uuid.UUID], started: float) -> fl
     return time.monotonic() - started
 
 
+@pytest.mark.xdist_group("heavy")  # compares two drain paces: not beside another drain
 def test_a_broken_exchange_leaves_the_healthy_one_at_full_pace_and_loses_nothing(
     pg_engine: Engine,
     pg_url: str,
