@@ -103,11 +103,10 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-@pytest.fixture(scope="session")
-def pg_admin() -> Iterator[Engine]:
-    """An engine on the shared test database, used only to create and drop per-test schemas."""
+def _admin_engine(url: str, server: str) -> Iterator[Engine]:
+    """An autocommit engine on `url`, failing the test in one line if `server` does not answer."""
     engine = create_engine(
-        PG_ADMIN_URL, isolation_level="AUTOCOMMIT", pool_size=1, connect_args={"connect_timeout": 5}
+        url, isolation_level="AUTOCOMMIT", pool_size=1, connect_args={"connect_timeout": 5}
     )
     problem = None
     try:
@@ -118,12 +117,18 @@ def pg_admin() -> Iterator[Engine]:
     if problem is not None:  # outside the except block: no chained traceback, one line
         engine.dispose()
         pytest.fail(
-            f"PostgreSQL is not reachable at {PG_ADMIN_URL} ({problem}); "
+            f"{server} is not reachable at {url} ({problem}); "
             "start it with scripts/ensure-services.sh",
             pytrace=False,
         )
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_admin() -> Iterator[Engine]:
+    """An engine on the shared test database, used only to create and drop per-test schemas."""
+    yield from _admin_engine(PG_ADMIN_URL, "PostgreSQL")
 
 
 @pytest.fixture
@@ -150,27 +155,7 @@ def pg_schema(url: str) -> str:
 @pytest.fixture(scope="session")
 def mysql_admin() -> Iterator[Engine]:
     """An engine on the MariaDB server, used only to create and drop per-test databases."""
-    engine = create_engine(
-        MYSQL_ADMIN_URL,
-        isolation_level="AUTOCOMMIT",
-        pool_size=1,
-        connect_args={"connect_timeout": 5},
-    )
-    problem = None
-    try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
-    except Exception as exc:
-        problem = _one_line(exc)
-    if problem is not None:  # outside the except block: no chained traceback, one line
-        engine.dispose()
-        pytest.fail(
-            f"MariaDB is not reachable at {MYSQL_ADMIN_URL} ({problem}); "
-            "start it with scripts/ensure-services.sh",
-            pytrace=False,
-        )
-    yield engine
-    engine.dispose()
+    yield from _admin_engine(MYSQL_ADMIN_URL, "MariaDB")
 
 
 @pytest.fixture

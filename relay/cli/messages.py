@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from outbox.states import State
 from relay.cli.options import Commands, Handler, argparse_type
+from relay.console.present import jsonable
 from relay.core.durations import parse_duration, parse_moment
 from relay.errors import ConfigError
 from relay.runtime.config import RelayConfig, positive_int
@@ -172,20 +173,6 @@ def _iso(value: Any) -> str:
     return printable(str(value))
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.UTC).isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, bytes | memoryview):
-        return None
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def table(cells: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     rows = [[printable(c) for c in r] for r in cells]  # stored text reaches the terminal escaped
     widths = [
@@ -207,7 +194,7 @@ def cmd_messages(config: RelayConfig, args: argparse.Namespace) -> int:
     with operator_engine(config) as engine:
         rows = admin.list_messages(engine, _filter(args, utc_now()), args.limit)
     if args.json:
-        print(json.dumps([_jsonable(r) for r in rows], default=str))
+        print(json.dumps([jsonable(r) for r in rows], default=str))
         return 0
     print(table(
         [
@@ -239,7 +226,7 @@ def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
         return 1
     payload = _bytes(found.pop("payload"))
     if args.json:
-        out = _jsonable(found)
+        out = jsonable(found)
         try:
             out["payload"] = payload.decode("utf-8")
         except UnicodeDecodeError:
