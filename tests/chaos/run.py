@@ -94,6 +94,11 @@ class Relay:
             )
         self.starts += 1
 
+    def ensure_running(self) -> None:
+        """Start the relay again if it has exited (as an orchestrator would)."""
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+
     def kill(self) -> None:
         if self.process is not None:
             self.process.kill()
@@ -305,14 +310,16 @@ def run(
             fault(ctx)
             fault_over = time.monotonic()
             held_back = checker.committed_ids()
-            if relay.process is None or relay.process.poll() is not None:
-                relay.start()  # a fault may have left it dead: a deployment would restart it
             deadline = fault_over + settle_timeout
+            # A fault may have left the relay dead (a cut during its start makes `run` exit 1):
+            # a deployment restarts it, whenever it exits, and so does this.
             while not checker.all_received(held_back) and time.monotonic() < deadline:
+                relay.ensure_running()
                 time.sleep(0.05)
             recovery = time.monotonic() - fault_over
             writers.join()
             while not checker.all_received() and time.monotonic() < deadline:
+                relay.ensure_running()
                 time.sleep(0.1)
             time.sleep(0.5)  # a late duplicate or a leaked rollback would show up now
         finally:
