@@ -67,11 +67,14 @@ class Store(Protocol):
         exclude: Sequence[str] = (),
         only: str | None = None,
         suspect_group: int = 1,
+        run: int = 0,
     ) -> list[Claimed]:
         """Lease up to `limit` ready rows to `token`, highest priority and oldest due first.
 
         Rows whose resource part is in `exclude` are passed by; with `only`, just that part's.
-        Suspects are claimed apart: at most `suspect_group` together, or one alone."""
+        Suspects are claimed apart: at most `suspect_group` together, or one alone. With `run`,
+        up to that many more messages of each keyed head's key, in key order, under the same
+        lease (a run, published one after another; `limit` more rows at most in all)."""
 
     def has_ready(self, part: str) -> bool:
         """Whether a message of the resource `part` is ready to be claimed."""
@@ -206,8 +209,12 @@ class Publisher(Protocol):
     def start(self, timeout: float = ...) -> None:
         """Connect; raise BrokerUnavailable if that fails."""
 
-    def publish(self, items: Sequence[Outgoing], done: Done) -> None:
-        """Hand over a batch; `done(outcomes)` is called (from any thread) once all are settled."""
+    def publish(self, items: Sequence[Outgoing], done: Done, *, chained: bool = False) -> None:
+        """Hand over a batch; `done(outcomes)` is called (from any thread) once all are settled.
+
+        `chained`: one message at a time, each sent once the one before it is confirmed; after
+        the first that is not, the rest are not sent (NOT_SENT, `held_back`). A key's order then
+        holds whatever the broker does with any one of them."""
 
     def stop(self, timeout: float = ...) -> None:
         """Close; unsettled messages are reported as not confirmed."""

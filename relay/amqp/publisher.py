@@ -63,6 +63,7 @@ class _Batch:
     sent_at: float
     outcomes: list[Outcome | None] = field(default_factory=list)
     remaining: int = 0
+    chained: bool = False  # one at a time, each after the one before it is confirmed
 
 
 Entry = tuple[_Batch, int]
@@ -174,9 +175,10 @@ class Publisher:
         reasons = [_plain(node, error) for node, error in earlier] + [f"{last.name}: {why}"]
         return f"{self._all_urls}: {'; '.join(reasons)}"
 
-    def publish(self, items: Sequence[Outgoing], done: Done) -> None:
-        """Publish a batch; `done(outcomes)` is called from the IO thread once all are settled."""
-        batch = _Batch(items, done, time.monotonic())
+    def publish(self, items: Sequence[Outgoing], done: Done, *, chained: bool = False) -> None:
+        """Publish a batch; `done(outcomes)` is called from the IO thread once all are settled.
+        A chained batch goes one message at a time (ports.Publisher.publish)."""
+        batch = _Batch(items, done, time.monotonic(), chained=chained)
         self._ioloop.add_callback_threadsafe(lambda: self._publish(batch))
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -371,6 +373,9 @@ class Publisher:
                     batch, i, Outcome(item.ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
                 )
             return
+        if batch.chained:
+            self._next_in_chain(batch, 0)
+            return
         chan: _Chan | None = None
         for i, item in enumerate(batch.items):
             if chan is None or chan.exchange != item.exchange:
@@ -379,6 +384,21 @@ class Publisher:
                 chan.queued.append((batch, i))
             else:
                 self._send(chan, batch, i)
+
+    def _next_in_chain(self, batch: _Batch, i: int) -> None:
+        """Send message `i` of a chained batch (the one before it was confirmed). Straight from
+        the confirm's callback: no thread hop and no database round trip between the two."""
+        if self._conn is None or not self._conn.is_open or self._stopping:
+            why = "connection blocked" if self.blocked else "no connection to the broker"
+            outcome = Outcome(batch.items[i].ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
+            self._settle(batch, i, outcome)
+            return
+        batch.sent_at = time.monotonic()  # the confirm timeout counts from this message's send
+        chan = self._chan(batch.items[i].exchange)
+        if chan.channel is None:
+            chan.queued.append((batch, i))
+        else:
+            self._send(chan, batch, i)
 
     def _send(self, chan: _Chan, batch: _Batch, i: int) -> None:
         item = batch.items[i]
@@ -435,6 +455,16 @@ class Publisher:
             return
         batch.outcomes[i] = outcome
         batch.remaining -= 1
+        if batch.chained and i + 1 < len(batch.items):
+            if outcome.fate is Fate.CONFIRMED:
+                self._next_in_chain(batch, i + 1)
+                return
+            # The rest stay unsent: sending them now would put them ahead of this one.
+            why = f"held back: an earlier message of its key was not confirmed ({outcome.fate})"
+            for j in range(i + 1, len(batch.items)):
+                held = Outcome(batch.items[j].ref, Fate.NOT_SENT, why, held_back=True)
+                batch.outcomes[j] = held
+                batch.remaining -= 1
         if batch.remaining == 0:
             batch.done([o for o in batch.outcomes if o is not None])
 

@@ -25,3 +25,6 @@ class Outcome:
     while_blocked: bool = False  # the connection was blocked by a resource alarm at the time
     malformed: bool = False  # the row could not be turned into a message
     connection_lost: bool = False  # the whole connection failed, not this message's destination
+    # Never sent because the message before it in its chain (its key's run) was not confirmed:
+    # given back unsent, behind that one, rather than settled as a failure of its own.
+    held_back: bool = False

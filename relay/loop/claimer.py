@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from relay.core.outcome import Fate, Outcome
+from relay.loop import chains
 from relay.loop.circuits import ResourceGuard
 from relay.loop.counts import Counts
 from relay.loop.leases import Chunk, Finished, Lease, Leases
@@ -167,6 +168,8 @@ class Claimer:
                 exclude=exclude,
                 only=only,
                 suspect_group=SUSPECT_GROUP,
+                # A probe or a rate limit's share is counted in messages: no runs there.
+                run=chains.RUN if only is None else 0,
             )
             if span is not None:
                 span.set_attribute("outbox.claimed", len(rows))
@@ -210,7 +213,8 @@ class Claimer:
         return lease is not None
 
     def _hold(self, token: uuid.UUID, rows: list[Claimed], now: float) -> None:
-        lease = Lease(token, {r.seq: r for r in rows}, now, unsent=deque(rows))
+        singles, runs = chains.split(rows)
+        lease = Lease(token, {r.seq: r for r in rows}, now, unsent=deque(singles), chains=runs)
         self._leases[token] = lease
         if rows[0].suspect:  # the store claims suspects apart from every other row
             lease.suspect = True
@@ -229,6 +233,14 @@ class Claimer:
         room = self._config.max_unconfirmed - leases.sending
         if room <= 0:
             return
+        # Chains first: each has at most one piece out, so they take little of the window, and
+        # a chain kept waiting holds its key back for the whole piece.
+        for lease in list(leases.values()):
+            for key in list(lease.chains):
+                piece = chains.next_piece(lease, key, room)
+                if piece:
+                    self._publish(lease, piece, now, chain=key)
+                    room -= len(piece)
         for lease in list(leases.values()):
             if not lease.unsent:
                 continue
@@ -241,11 +253,13 @@ class Claimer:
             if room <= 0:
                 return
 
-    def _publish(self, lease: Lease, rows: list[Claimed], now: float) -> None:
+    def _publish(
+        self, lease: Lease, rows: list[Claimed], now: float, *, chain: str | None = None
+    ) -> None:
         if lease.sent_at is None:
             lease.sent_at = now
         token, number = lease.token, next(self._chunks)
-        lease.chunks[number] = Chunk([row.seq for row in rows], now)
+        lease.chunks[number] = Chunk([row.seq for row in rows], now, chain=chain)
         items: list[Outgoing] = []
         broken: list[Outcome] = []
         encode = self._publisher.encode
@@ -269,8 +283,17 @@ class Claimer:
         def done(outcomes: list[Outcome]) -> None:
             finished(Finished(token, outcomes + broken, number))
 
+        if chain is not None and broken:
+            # A row of the chain cannot be built: nothing after it may go before it is dealt
+            # with (dead-lettered as malformed), so those are held back, and the rest given back.
+            first = min(o.ref for o in broken)
+            kept = [item for item in items if item.ref < first]
+            held = [Outcome(i.ref, Fate.NOT_SENT, chains.HELD_BACK, held_back=True)
+                    for i in items if i.ref > first]  # fmt: skip
+            broken = [o for o in broken if o.ref == first] + held
+            items = kept
         if items:
             with observer.loop_span("publish", messages=len(items)):
-                self._publisher.publish(items, done)
+                self._publisher.publish(items, done, chained=chain is not None)
         else:
             done([])

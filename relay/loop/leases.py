@@ -21,6 +21,7 @@ class Chunk:
     seqs: list[int]
     sent_at: float  # clock time it was handed over
     answered: bool = False  # the publisher answered (or it was given up): being written
+    chain: str | None = None  # a piece of this key's chain (relay/loop/chains.py)
 
 
 @dataclass(slots=True)
@@ -36,10 +37,20 @@ class Lease:
     spans: dict[int, Span] = field(default_factory=dict)  # send spans, when tracing is on
     sent_at: float | None = None  # clock time its first chunk was handed over (None: not yet)
     suspect: bool = False  # suspects claimed apart: nothing else may be in flight with them
+    # Hot keys' runs (relay/loop/chains.py): the rows of each key's chain not handed over yet,
+    # the keys with a piece at the publisher, and rows to give back unsent (a chain that broke).
+    chains: dict[str, deque[Claimed]] = field(default_factory=dict)
+    busy: set[str] = field(default_factory=set)
+    give_back: list[int] = field(default_factory=list)
 
     @property
     def sending(self) -> int:
         return sum(len(chunk.seqs) for chunk in self.chunks.values())
+
+    def unsent_seqs(self) -> list[int]:
+        """Every row held and never handed over: side by side, in chains, or to give back."""
+        chained = [row.seq for rest in self.chains.values() for row in rest]
+        return [row.seq for row in self.unsent] + chained + self.give_back
 
 
 class Leases(dict[uuid.UUID, Lease]):
@@ -59,8 +70,14 @@ class Leases(dict[uuid.UUID, Lease]):
 
     @property
     def unsent(self) -> int:
-        """Rows claimed and not yet handed to the publisher."""
+        """Rows claimed to be sent side by side and not yet handed to the publisher (chains go
+        at their own pace and do not hold the next claim back)."""
         return sum(len(lease.unsent) for lease in self.values())
+
+    @property
+    def waiting(self) -> bool:
+        """Whether any row is held and was never handed over (chains and give-backs too)."""
+        return any(lease.unsent or lease.chains or lease.give_back for lease in self.values())
 
 
 @dataclass(slots=True)

@@ -16,14 +16,16 @@ import logging
 import queue
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 
 from relay.core.outcome import Fate, Outcome
 from relay.errors import DatabaseUnavailable
+from relay.loop import chains
 from relay.loop.circuits import ResourceGuard
 from relay.loop.claimer import Claimer
 from relay.loop.counts import Counts
-from relay.loop.leases import Finished, Leases
+from relay.loop.leases import Finished, Lease, Leases
 from relay.loop.maintenance import Maintenance
 from relay.loop.observer import Observer
 from relay.loop.pulse import Pulse
@@ -127,8 +129,9 @@ class Relay:
         counts = Counts()
         now = self._clock()
         self._settle(counts)
+        self._give_back_held(counts)
         publisher = self.publisher
-        if self._leases.unsent and (not publisher.ready or publisher.blocked):
+        if self._leases.waiting and (not publisher.ready or publisher.blocked):
             # The broker cannot take them for now (no connection, or an alarm that may last):
             # give them back at once, as they were claimed, rather than hold them leased.
             counts.released += self._release_unsent("the broker could not take them")
@@ -165,6 +168,9 @@ class Relay:
                 self._handle(self._inbox.get_nowait())
             except queue.Empty:
                 break
+        if not self._stopping:
+            # Before the writes: a chain whose piece was just confirmed goes on at once.
+            self.claimer.pump(self._clock())
         try:
             if self.settler.settle(counts):
                 # Settling can make new rows claimable (the next message of each key whose
@@ -177,8 +183,9 @@ class Relay:
         if isinstance(event, Finished):
             lease = self._leases.get(event.token)
             chunk = None if lease is None else lease.chunks.get(event.chunk)
-            if chunk is not None and not chunk.answered:
+            if lease is not None and chunk is not None and not chunk.answered:
                 chunk.answered = True
+                chains.answered(lease, chunk, event)
                 self.settler.add(event)
             # else: given up as overdue, or given back, before the publisher answered: the
             # answer changes nothing.
@@ -213,7 +220,9 @@ class Relay:
                     if seq in lease.rows
                 ]
                 log.error("relay.batch_overdue", extra={"messages": len(outcomes), "error": why})
-                self.settler.add(Finished(lease.token, outcomes, number))
+                finished = Finished(lease.token, outcomes, number)
+                chains.answered(lease, chunk, finished)
+                self.settler.add(finished)
 
     def _give_back_all(self) -> None:
         """Another relay found this one's heartbeat stopped and took its leases (every one it
@@ -299,20 +308,40 @@ class Relay:
     def _release_unsent(self, why: str) -> int:
         """Give back the rows claimed and never handed to the publisher (no attempt charged)."""
         released = 0
-        for token, lease in list(self._leases.items()):
-            if not lease.unsent:
-                continue
-            seqs = [row.seq for row in lease.unsent]
-            try:
-                released += self.store.release(token, seqs, delay_seconds=0.0, error=why)
-            except DatabaseUnavailable as exc:
-                log.error("relay.release_failed", extra={"error": str(exc)})
-                continue
-            lease.unsent.clear()
-            for seq in seqs:
-                lease.rows.pop(seq, None)
-            if not lease.rows:
-                del self._leases[token]
+        for lease in list(self._leases.values()):
+            seqs = lease.unsent_seqs()
+            if seqs:
+                released += self._release(lease, seqs, why)
+        return released
+
+    def _give_back_held(self, counts: Counts) -> None:
+        """Release the rest of every chain that broke: unsent, behind the message that failed
+        (no attempt charged). Kept for the next pass if the database fails."""
+        for lease in list(self._leases.values()):
+            if lease.give_back:
+                counts.released += self._release(lease, list(lease.give_back), chains.HELD_BACK)
+
+    def _release(self, lease: Lease, seqs: list[int], why: str) -> int:
+        """Give back these unsent rows of `lease`, and forget them; 0 if the database fails."""
+        try:
+            released = self.store.release(lease.token, seqs, delay_seconds=0.0, error=why)
+        except DatabaseUnavailable as exc:
+            log.error("relay.release_failed", extra={"error": str(exc)})
+            return 0
+        gone = set(seqs)
+        lease.unsent = deque(row for row in lease.unsent if row.seq not in gone)
+        lease.give_back = [seq for seq in lease.give_back if seq not in gone]
+        for key, rest in list(lease.chains.items()):
+            rest = lease.chains[key] = deque(row for row in rest if row.seq not in gone)
+            if not rest and key not in lease.busy:  # one still out: it ends with its answer
+                del lease.chains[key]
+        for seq in seqs:
+            lease.rows.pop(seq, None)
+            span = lease.spans.pop(seq, None)
+            if span is not None:
+                self.observer.end_released(span, why)
+        if not lease.rows:
+            del self._leases[lease.token]
         return released
 
     def release_all(self, why: str, *, forget: bool = False) -> int:

@@ -58,9 +58,19 @@ from relay.store.estimates import TableStats, shares
 # they include suspects, it takes up to :group of them and nothing else (stamped :grouped). The
 # relay publishes such a claim with nothing else in flight, so a message that kills its relay can
 # only take its fellow suspects down, and once alone only itself.
+#
+# Runs (hot keys): behind each keyed head claimed (not a suspect), the next :run messages of its
+# key are claimed under the same lease, as long as each is pending, due, not a suspect, passes the
+# resource filter and is not locked by another claim: the prefix of its key's line that would
+# become heads one after another (a run stops at the first that would not). The relay publishes a
+# run one message at a time, each once the one before it is confirmed, and gives the rest back on
+# any failure (relay/loop/chains.py), so a key's order holds while its backlog drains at the
+# broker's confirm pace instead of one claim-publish-mark cycle per message. :follow caps the rows
+# all runs of a claim add together.
 _CLAIM = """
 WITH unkeyed AS (
-    SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
+    SELECT seq, NULL::text AS key, priority, available_at,
+           lease_expires_at IS NOT NULL AS suspect,
            lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary
     FROM outbox_message
     WHERE state = 'pending' AND key IS NULL AND available_at <= coalesce(:now, now()) {filter}
@@ -68,7 +78,7 @@ WITH unkeyed AS (
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), keyed AS (
-    SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
+    SELECT seq, key, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
            lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary, {head} AS head
     FROM outbox_message AS m
     WHERE state = 'pending' AND key IS NOT NULL AND NOT held
@@ -76,41 +86,77 @@ WITH unkeyed AS (
     ORDER BY priority DESC, available_at, seq
     LIMIT :scan
     FOR UPDATE SKIP LOCKED
-), parked AS (
-    UPDATE outbox_message AS p SET held = true
-    FROM keyed WHERE p.seq = keyed.seq AND NOT keyed.head
-    RETURNING p.seq
 ), ready AS (
-    SELECT seq, priority, available_at, suspect, solitary FROM (
-        SELECT seq, priority, available_at, suspect, solitary FROM unkeyed
+    SELECT seq, key, priority, available_at, suspect, solitary FROM (
+        SELECT seq, key, priority, available_at, suspect, solitary FROM unkeyed
         UNION ALL
-        SELECT seq, priority, available_at, suspect, solitary FROM keyed WHERE head
+        SELECT seq, key, priority, available_at, suspect, solitary FROM keyed WHERE head
     ) AS both_kinds
     ORDER BY priority DESC, available_at, seq
     LIMIT :limit
 ), chosen AS (
-    SELECT seq, suspect, solitary FROM ready WHERE NOT EXISTS (SELECT 1 FROM ready WHERE suspect)
+    SELECT seq, key, suspect, solitary, priority, available_at FROM ready
+    WHERE NOT EXISTS (SELECT 1 FROM ready WHERE suspect)
     UNION ALL
-    (SELECT seq, suspect, solitary FROM ready WHERE solitary
+    (SELECT seq, key, suspect, solitary, priority, available_at FROM ready WHERE solitary
      ORDER BY priority DESC, available_at, seq LIMIT 1)
     UNION ALL
-    (SELECT seq, suspect, solitary FROM ready
+    (SELECT seq, key, suspect, solitary, priority, available_at FROM ready
      WHERE suspect AND NOT EXISTS (SELECT 1 FROM ready WHERE solitary)
      ORDER BY priority DESC, available_at, seq LIMIT :group)
+), follow AS (
+    SELECT f.seq, f.key,
+           row_number() OVER (ORDER BY h.rank, f.seq) AS n,
+           bool_and(f.ok) OVER (PARTITION BY f.key ORDER BY f.seq) AS due
+    FROM (
+        SELECT seq, key, row_number() OVER (ORDER BY priority DESC, available_at, seq) AS rank
+        FROM chosen WHERE key IS NOT NULL AND NOT suspect
+    ) AS h
+    CROSS JOIN LATERAL (
+        SELECT e.seq, e.key,
+               (e.state = 'pending' AND e.lease_expires_at IS NULL
+                AND e.available_at <= coalesce(:now, now()) {filter}) AS ok
+        FROM outbox_message AS e
+        WHERE e.key = h.key AND e.seq > h.seq AND e.state IN ({blocking})
+        ORDER BY e.seq
+        LIMIT :run
+    ) AS f
+), locked AS (
+    SELECT seq FROM outbox_message
+    WHERE seq IN (SELECT seq FROM follow WHERE due AND n <= :follow) AND state = 'pending'
+    FOR UPDATE SKIP LOCKED
+), run AS (
+    SELECT seq FROM (
+        SELECT f.seq,
+               bool_and(l.seq IS NOT NULL) OVER (PARTITION BY f.key ORDER BY f.seq) AS whole
+        FROM follow AS f LEFT JOIN locked AS l ON l.seq = f.seq
+        WHERE f.due AND f.n <= :follow
+    ) AS r
+    WHERE whole
+), parked AS (
+    UPDATE outbox_message AS p SET held = true
+    FROM keyed
+    WHERE p.seq = keyed.seq AND NOT keyed.head AND keyed.seq NOT IN (SELECT seq FROM run)
+    RETURNING p.seq
+), claimed AS (
+    SELECT seq, suspect, solitary FROM chosen
+    UNION ALL
+    SELECT seq, false, false FROM run
 )
 UPDATE outbox_message AS m
 SET state = 'in_flight',
+    held = false,
     attempts = m.attempts + 1,
     lease_owner = :owner,
     lease_token = :token,
     lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds),
-    last_error = CASE WHEN chosen.solitary THEN :alone WHEN chosen.suspect THEN :grouped
+    last_error = CASE WHEN claimed.solitary THEN :alone WHEN claimed.suspect THEN :grouped
                       ELSE m.last_error END
-FROM chosen
-WHERE m.seq = chosen.seq
+FROM claimed
+WHERE m.seq = claimed.seq
 RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type, m.headers, m.key,
           m.priority, m.attempts, m.max_attempts, m.available_at, m.created_at, m.traceparent,
-          m.tracestate, chosen.suspect
+          m.tracestate, claimed.suspect
 """
 _RESOURCE_FILTER = """
       AND NOT ({resource} = ANY(CAST(:exclude AS text[])))
@@ -466,6 +512,7 @@ class Postgres(Dialect):
         claim = _CLAIM.format(
             head=common.is_head("m", blocking=blocking),
             filter=_RESOURCE_FILTER.format(resource=resource),
+            blocking=blocking,
         )
         self._claim = compile_sql(claim, CLAIMED_COLUMNS)
         self._mark = compile_sql(MARK_PUBLISHED)

@@ -108,6 +108,7 @@ class SqlStore:
         exclude: Sequence[str] = (),
         only: str | None = None,
         suspect_group: int = 1,
+        run: int = 0,
     ) -> list[Claimed]:
         params: dict[str, Any] = {
             "owner": owner,
@@ -119,6 +120,9 @@ class SqlStore:
             "exclude": self.dialect.bind_list(exclude),
             "only": only,
             "group": max(1, suspect_group),
+            # Runs: up to `run` more messages behind each keyed head, `limit` at most in all.
+            "run": max(0, run),
+            "follow": limit if run > 0 else 0,
             **SUSPECT_STAMPS,
             "now": self._clock(),
         }

@@ -130,7 +130,8 @@ def test_a_dead_head_holds_its_key_until_an_operator_discards_it(
     head, rest = _dead_head_then_three(app_engine, broker)
     relay = relay_factory(db_url)  # dead_key="hold", the default
     wait_until(lambda: states(app_engine).get("dead") == 1, what="the head dead-lettered")
-    wait_until(lambda: relay.summary.claimed == 1 and relay.in_flight == 0, what="settled")
+    # The three behind it came with it (a run) and were given back unsent, or never claimed.
+    wait_until(lambda: relay.summary.claimed >= 1 and relay.in_flight == 0, what="settled")
     assert states(app_engine) == {"dead": 1, "pending": 3}  # held behind the dead head
     assert broker.received == []
 

@@ -62,6 +62,7 @@ class FakeStore:
     now: dt.datetime = EPOCH  # the shared clock the resource transitions see
     alive: dict[str, dt.datetime] = field(default_factory=dict)
     runs: dict[str, dt.datetime] = field(default_factory=dict)  # relay id -> its run's start
+    runs_asked: list[int] = field(default_factory=list)  # each claim's `run`
 
     def add(self, *claimed: Claimed) -> None:
         for c in claimed:
@@ -85,8 +86,10 @@ class FakeStore:
         exclude: Sequence[str] = (),
         only: str | None = None,
         suspect_group: int = 1,
+        run: int = 0,
     ) -> list[Claimed]:
         self._maybe_fail("claim")
+        self.runs_asked.append(run)
         ready = [
             r
             for r in self.rows.values()
@@ -94,12 +97,25 @@ class FakeStore:
             and r.due
             and r.claimed.exchange not in exclude
             and (only is None or r.claimed.exchange == only)
+            and self._in_key_order(r)
         ][:limit]
         suspects = [r for r in ready if r.claimed.suspect]
         ready = suspects[:suspect_group] or ready  # suspects are claimed apart, as in the store
         for r in ready:
             r.state, r.token = "in_flight", token
         return [r.claimed for r in ready]
+
+    def _in_key_order(self, row: Row) -> bool:
+        """Per-key order, as the store keeps it: nothing earlier of its key is in flight, or
+        pending and not claimable now, nor dead (dead_key="hold"); the fake claims a key's whole
+        line at once, an unlimited run."""
+        key = row.claimed.key
+        return key is None or not any(
+            r.claimed.key == key
+            and r.claimed.seq < row.claimed.seq
+            and (r.state in ("in_flight", "dead") or (r.state == "pending" and not r.due))
+            for r in self.rows.values()
+        )
 
     def _guarded(self, token: uuid.UUID, seqs: Sequence[int]) -> list[Row]:
         return [
@@ -233,6 +249,21 @@ class FakeStore:
         return {seq: r.state for seq, r in self.rows.items()}
 
 
+def _as_chain(done: Done) -> Done:
+    """The real publisher's contract for a chained batch (ports.Publisher.publish): after the
+    first outcome that is not CONFIRMED, the rest were never sent (held back)."""
+
+    def answer(outcomes: list[Outcome]) -> None:
+        chained: list[Outcome] = []
+        for o in outcomes:
+            if chained and chained[-1].fate is not Fate.CONFIRMED:
+                o = Outcome(o.ref, Fate.NOT_SENT, "held back", held_back=True)
+            chained.append(o)
+        done(chained)
+
+    return answer
+
+
 @dataclass
 class FakePublisher:
     """Settles each batch at once with `decide(item)`, or holds batches when `hold` is set."""
@@ -243,6 +274,7 @@ class FakePublisher:
     blocked: bool = False
     alive: bool = True
     held: list[tuple[Sequence[Outgoing], Done]] = field(default_factory=list)
+    chained: list[list[int]] = field(default_factory=list)  # the refs of each chained batch
     published: list[Outgoing] = field(default_factory=list)
     stopped: bool = False
     encode = staticmethod(to_outgoing)  # the real wire format: malformed rows fail as they would
@@ -250,8 +282,11 @@ class FakePublisher:
     def start(self, timeout: float = 10.0) -> None:
         self.ready = True
 
-    def publish(self, items: Sequence[Outgoing], done: Done) -> None:
+    def publish(self, items: Sequence[Outgoing], done: Done, *, chained: bool = False) -> None:
         self.published.extend(items)
+        if chained:
+            self.chained.append([i.ref for i in items])
+            done = _as_chain(done)
         if self.hold:
             self.held.append((items, done))
         else:

@@ -100,7 +100,7 @@ def test_every_settlement_is_guarded_by_the_lease(sql: str) -> None:
 
 def test_postgresql_skips_rows_another_relay_has_locked() -> None:
     claim = every_statement(dialect_for("postgresql"))["_claim"]
-    assert claim.count("FOR UPDATE SKIP LOCKED") == 2  # unkeyed and keyed candidates
+    assert claim.count("FOR UPDATE SKIP LOCKED") == 3  # unkeyed, keyed candidates, runs
     assert "FOR UPDATE SKIP LOCKED" in postgres.RECLAIM_EXPIRED
     assert "FOR UPDATE SKIP LOCKED" in postgres.PURGE_BATCH
     assert "FOR UPDATE" in postgres.LOCK_RESOURCE

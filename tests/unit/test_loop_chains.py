@@ -1,0 +1,155 @@
+"""Chains, against fakes: the run of a hot key a claim brings is published one message at a
+time in key order, a piece at a time; after a message that is not confirmed, the rest of the
+chain is given back unsent (no attempt charged) while the rows beside it go on."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from relay.core.outcome import Fate, Outcome
+from relay.loop import chains
+from relay.ports import Outgoing
+from tests.unit.fakes import FakePublisher, FakeStore, make_claimed
+from tests.unit.test_relay_loop import make_relay
+
+
+class ReleasingStore(FakeStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.releases: list[tuple[list[int], str]] = []
+
+    def release(
+        self, token: uuid.UUID, seqs: Sequence[int], *, delay_seconds: float, error: str
+    ) -> int:
+        released = super().release(token, seqs, delay_seconds=delay_seconds, error=error)
+        self.releases.append((list(seqs), error))
+        return released
+
+
+def test_split_keeps_claim_order_for_singles_and_key_order_for_chains() -> None:
+    rows = [
+        make_claimed(5, key="hot", priority=9),  # claimed first (priority), yet after 3 in key
+        make_claimed(1),
+        make_claimed(3, key="hot"),
+        make_claimed(2, key="cold"),
+        make_claimed(4, key="hot"),
+    ]
+    singles, runs = chains.split(rows)
+    assert [r.seq for r in singles] == [1, 2]
+    assert {k: [r.seq for r in rest] for k, rest in runs.items()} == {"hot": [3, 4, 5]}
+
+
+def test_a_hot_keys_run_goes_out_chained_in_key_order_beside_the_rest() -> None:
+    store = FakeStore()
+    store.add(make_claimed(1), make_claimed(2, key="k"), make_claimed(3))
+    store.add(*(make_claimed(seq, key="k", priority=1 if seq == 6 else 0) for seq in (4, 5, 6)))
+    publisher = FakePublisher()
+    relay, _ = make_relay(store, publisher)
+    relay.run_once()
+    relay.run_once()
+    assert store.runs_asked[0] == chains.RUN
+    assert publisher.chained == [[2, 4, 5, 6]]
+    assert store.states() == dict.fromkeys(range(1, 7), "published")
+    assert relay.in_flight == 0
+
+
+def test_a_chain_goes_a_piece_at_a_time() -> None:
+    store = FakeStore()
+    count = chains.PIECE * 2 + 3
+    store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
+    publisher = FakePublisher(hold=True)
+    relay, _ = make_relay(store, publisher, batch_size=500, max_unconfirmed=256)
+    relay.run_once()
+    assert [len(items) for items, _ in publisher.held] == [chains.PIECE]  # one out at a time
+    for _ in range(3):
+        publisher.confirm_held()
+        relay.run_once()
+    assert publisher.chained == [
+        list(range(1, chains.PIECE + 1)),
+        list(range(chains.PIECE + 1, 2 * chains.PIECE + 1)),
+        list(range(2 * chains.PIECE + 1, count + 1)),
+    ]
+    assert set(store.states().values()) == {"published"}
+
+
+def test_after_a_failure_the_rest_of_the_chain_is_given_back_unsent() -> None:
+    store = ReleasingStore()
+    count = chains.PIECE + 5
+    store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
+    store.add(make_claimed(100))
+
+    def decide(item: Outgoing) -> Outcome:
+        if item.ref == 3:
+            return Outcome(item.ref, Fate.REJECTED, "basic.nack from broker")
+        return Outcome(item.ref, Fate.CONFIRMED)
+
+    publisher = FakePublisher(decide=decide)
+    relay, _ = make_relay(store, publisher)
+    released = relay.run_once().released + relay.run_once().released
+    states = store.states()
+    assert [states[s] for s in (1, 2)] == ["published", "published"]
+    assert states[3] == "pending"  # retried later, its own failure recorded
+    assert store.rows[3].error == "basic.nack from broker"
+    # The rest never went out: given back as they were, with no attempt charged.
+    assert [s for (s, *_) in store.history if s > 3] == []
+    assert [s for s in range(4, count + 1) if states[s] != "pending"] == []
+    assert [s for s in range(4, count + 1) if store.rows[s].released != 1] == []
+    assert store.releases == [(list(range(4, count + 1)), chains.HELD_BACK)]
+    assert publisher.chained == [list(range(1, chains.PIECE + 1))]  # the next piece never went
+    assert states[100] == "published"  # beside the chain, nothing changes
+    assert released == count - 3
+    assert relay.in_flight == 0
+
+
+def test_a_chain_given_back_while_the_database_is_down_is_given_back_later() -> None:
+    store = ReleasingStore()
+    store.add(*(make_claimed(seq, key="k") for seq in range(1, 6)))
+
+    def decide(item: Outgoing) -> Outcome:
+        fate = Fate.UNROUTABLE if item.ref == 2 else Fate.CONFIRMED
+        return Outcome(item.ref, fate, "312 NO_ROUTE")
+
+    publisher = FakePublisher(decide=decide, hold=True)
+    relay, _ = make_relay(store, publisher)
+    relay.run_once()
+    publisher.confirm_held()
+    store.fail_next.append("release")
+    relay.run_once()
+    assert store.releases == []  # the database failed: the rows stay held, under lease
+    assert relay.in_flight == 3
+    relay.run_once()
+    assert store.releases == [([3, 4, 5], chains.HELD_BACK)]
+    assert relay.in_flight == 0
+
+
+def test_a_malformed_row_holds_back_the_rest_of_its_chain() -> None:
+    store = ReleasingStore()
+    store.add(make_claimed(1, key="k"), make_claimed(2, key="k", payload=object()))
+    store.add(make_claimed(3, key="k"))
+    publisher = FakePublisher()
+    relay, _ = make_relay(store, publisher)
+    relay.run_once()
+    relay.run_once()
+    states = store.states()
+    assert states[1] == "published"
+    assert states[2] == "dead"  # malformed: dead-lettered with its reason
+    assert states[3] == "pending"  # never sent before the row ahead of it was dealt with
+    assert [i.ref for i in publisher.published] == [1]
+    assert store.releases == [([3], chains.HELD_BACK)]
+
+
+def test_stopping_gives_back_the_chains_not_handed_over() -> None:
+    store = ReleasingStore()
+    count = chains.PIECE + 4
+    store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
+    publisher = FakePublisher(hold=True)
+    relay, _ = make_relay(store, publisher)
+    relay.run_once()
+    relay.request_stop()
+    publisher.confirm_held()
+    relay.run()
+    states = store.states()
+    assert [s for s in range(1, chains.PIECE + 1) if states[s] != "published"] == []
+    assert [s for s in range(chains.PIECE + 1, count + 1) if states[s] != "pending"] == []
+    assert relay.in_flight == 0
