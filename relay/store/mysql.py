@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import takewhile
 from typing import Any
 
 import pymysql.converters
@@ -36,6 +37,7 @@ from relay.store import common
 from relay.store.dialect import (
     CLAIMED_COLUMNS,
     TIME,
+    Compiled,
     Dialect,
     Statements,
     compile_sql,
@@ -105,10 +107,45 @@ WHERE m.seq IN :seqs AND {head}
 
 PARK = "UPDATE outbox_message SET held = true WHERE seq IN :seqs"
 
-# The chosen rows, locked since _CANDIDATES. :suspect and :stamp as in sqlite.CLAIM.
+# Runs (see postgres._CLAIM), in two plain reads; the rows a run keeps are locked after them
+# (_LOCK_FOLLOWERS). First, which of the heads chosen have anything of their key behind them in a
+# blocking state ({trailed}: per state, one probe of outbox_message_key_state_idx, as is_head):
+# most have nothing, and a branch of _FOLLOWERS costs its parse even when it finds nothing.
+_TRAILED = """
+SELECT m.seq FROM outbox_message AS m WHERE m.seq IN :seqs AND ({trailed})
+"""
+_TRAILS = """EXISTS (SELECT 1 FROM outbox_message AS e
+                FORCE INDEX (outbox_message_key_state_idx)
+                WHERE e.key = m.key AND e.state = {state} AND e.seq > m.seq)"""
+
+# Then, behind each of those, the next :run rows of its key in a blocking state. MariaDB has no
+# LATERAL and neither server takes a LIMIT in an IN subquery, hence a UNION of branches, two per
+# head: its pending rows, a range of outbox_message_key_state_idx read in seq order and stopped
+# at :run (one range over all the states would be a hot key's whole backlog, read and sorted),
+# and its rows in the other blocking states (few, and never ready). RUN_HEADS heads a statement;
+# {i} is the head's place in it, a number the statement is built with.
+_FOLLOWER = """(SELECT {i} AS head, seq, {ok} AS ok
+ FROM outbox_message FORCE INDEX (outbox_message_key_state_idx)
+ WHERE `key` = :key_{i} AND state IN ({states}) AND seq > :seq_{i}
+ ORDER BY seq LIMIT :run)"""
+_FOLLOWER_OK = "(lease_expires_at IS NULL AND available_at <= {now} {filter})"
+RUN_HEADS = 100
+
+# The rows the runs would take, locked where no other claim holds them. A row skipped (locked) or
+# no longer ready since the plain read ends its run there: what comes after it stays behind it.
+_LOCK_FOLLOWERS = """
+SELECT seq FROM outbox_message
+WHERE seq IN :seqs AND state = 'pending' AND lease_expires_at IS NULL AND available_at <= {now}
+  {filter}
+FOR UPDATE SKIP LOCKED
+"""
+
+# The chosen rows, locked since _CANDIDATES, and their runs, since _LOCK_FOLLOWERS (a run's rows
+# are usually parked: held is cleared). :suspect and :stamp as in sqlite.CLAIM.
 CLAIM = f"""
 UPDATE outbox_message
 SET state = 'in_flight',
+    held = false,
     attempts = attempts + 1,
     lease_owner = :owner,
     lease_token = :token,
@@ -395,6 +432,16 @@ class Mysql(Dialect):
         self._candidates = sql(_CANDIDATES.format(now=NOW, filter=where))
         self._heads = sql(_HEADS.format(head=is_head("m", blocking=blocking)))
         self._park = sql(PARK)
+        states = [state.strip() for state in blocking.split(",")]
+        trailed = "\n    OR ".join(_TRAILS.format(state=state) for state in states)
+        self._trailed = sql(_TRAILED.format(trailed=trailed))
+        others = ", ".join(state for state in states if state != "'pending'")
+        self._branches = [  # per head: its pending rows, which may be ready; the others
+            ("'pending'", _FOLLOWER_OK.format(now=NOW, filter=where)),
+            *([(others, "false")] if others else []),
+        ]
+        self._followers: dict[int, Compiled] = {}  # by how many heads: built when first needed
+        self._lock_followers = sql(_LOCK_FOLLOWERS.format(now=NOW, filter=where))
         self._claim = sql(CLAIM)
         self._claimed = sql(CLAIMED, CLAIMED_COLUMNS)
         self._keys_of = sql(KEYS_OF)
@@ -485,23 +532,80 @@ class Mysql(Dialect):
             candidates = conn.execute(self._candidates, params).all()
             keyed = [seq for seq, key, _, _ in candidates if key is not None]
             heads = set(conn.execute(self._heads, {"seqs": keyed}).scalars()) if keyed else set()
-            ready = [(seq, sus, alone) for seq, key, sus, alone in candidates
+            ready = [(seq, key, sus, alone) for seq, key, sus, alone in candidates
                      if key is None or seq in heads]  # fmt: skip
-            parked = [seq for seq in keyed if seq not in heads]
-            if parked:
-                conn.execute(self._park, {"seqs": parked})
             best = ready[: params["limit"]]  # still in claim order
             # A solitary suspect among them is claimed alone, else the suspects together, at
             # most :group of them (common.GROUPED, SOLITARY, ALONE).
-            solitary = [seq for seq, _, alone in best if alone][:1]
-            suspects = [seq for seq, suspect, _ in best if suspect][: params["group"]]
-            chosen = solitary or suspects or [seq for seq, _, _ in best]
+            solitary = [seq for seq, _, _, alone in best if alone][:1]
+            suspects = [seq for seq, _, suspect, _ in best if suspect][: params["group"]]
+            chosen = solitary or suspects or [seq for seq, _, _, _ in best]
+            # Runs follow heads only when no suspect is claimed: best is then the claim.
+            keyed_heads = [(seq, key) for seq, key, _, _ in best if key is not None]
+            run = [] if suspects else self._runs(conn, params, keyed_heads)
+            in_run = set(run)
+            parked = [seq for seq in keyed if seq not in heads and seq not in in_run]
+            if parked:
+                conn.execute(self._park, {"seqs": parked})
             if not chosen:
                 return []
             stamp = params["alone"] if solitary else params["grouped"]
-            claim = {**params, "seqs": chosen, "suspect": bool(suspects), "stamp": stamp}
+            seqs = [*chosen, *run]
+            claim = {**params, "seqs": seqs, "suspect": bool(suspects), "stamp": stamp}
             conn.execute(self._claim, claim)
             return conn.execute(self._claimed, claim).all()
+
+    def _runs(
+        self, conn: Connection, params: Mapping[str, Any], heads: Sequence[tuple[int, str]]
+    ) -> list[int]:
+        """The rows of the runs behind `heads` ((seq, key), in claim order), locked."""
+        if not heads or params["run"] <= 0 or params["follow"] <= 0:
+            return []
+        trailed = set(conn.execute(self._trailed, {"seqs": [seq for seq, _ in heads]}).scalars())
+        if not trailed:
+            return []
+        lines = self._lines(conn, params, [(seq, key) for seq, key in heads if seq in trailed])
+        wanted = _wanted(lines, params["follow"])
+        seqs = [seq for line in wanted for seq in line]
+        if not seqs:
+            return []
+        locked = set(conn.execute(self._lock_followers, {**params, "seqs": seqs}).scalars())
+        return [seq for line in wanted for seq in takewhile(locked.__contains__, line)]
+
+    def _lines(
+        self, conn: Connection, params: Mapping[str, Any], heads: Sequence[tuple[int, str]]
+    ) -> list[list[tuple[int, bool]]]:
+        """Per head, the next :run rows of its key in a blocking state: (seq, ready), in order.
+        Heads whose rows could not be numbered within :follow any more are not read."""
+        lines: list[list[tuple[int, bool]]] = [[] for _ in heads]
+        read = 0  # rows read so far, all numbered before the next head's
+        for start in range(0, len(heads), RUN_HEADS):
+            if read >= params["follow"]:
+                break
+            chunk = heads[start : start + RUN_HEADS]
+            binds = dict(params)
+            for i, (seq, key) in enumerate(chunk):
+                binds[f"key_{i}"], binds[f"seq_{i}"] = key, seq
+            for i, seq, ok in conn.execute(self._followers_of(len(chunk)), binds):
+                lines[start + i].append((seq, bool(ok)))
+            # Each branch is in seq order: merged, the first :run of each head's.
+            for line in lines[start : start + RUN_HEADS]:
+                line[:] = sorted(line)[: params["run"]]
+                read += len(line)
+        return lines
+
+    def _followers_of(self, heads: int) -> Compiled:
+        """_FOLLOWER's branches for `heads` heads, compiled once per number of heads."""
+        found = self._followers.get(heads)
+        if found is None:
+            branches = [
+                _FOLLOWER.format(i=i, states=states, ok=ok)
+                for i in range(heads)
+                for states, ok in self._branches
+            ]
+            found = compile_sql("\nUNION ALL\n".join(branches), lists=LISTS)
+            self._followers[heads] = found
+        return found
 
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
@@ -598,6 +702,18 @@ class Mariadb(Mysql):
     """The same statements: SQLAlchemy names a mariadb:// URL's dialect apart."""
 
     name = "mariadb"
+
+
+def _wanted(lines: Sequence[Sequence[tuple[int, bool]]], follow: int) -> list[list[int]]:
+    """Per head, its run as read: the prefix of its line that is ready, cut where the lines'
+    rows, numbered in the heads' claim order, pass :follow (as postgres._CLAIM numbers them)."""
+    wanted: list[list[int]] = []
+    before = 0  # rows of the lines before this one, ready or not
+    for line in lines:
+        ready = [seq for seq, _ in takewhile(lambda row: row[1], line)]
+        wanted.append(ready[: max(0, follow - before)])
+        before += len(line)
+    return wanted
 
 
 def _reclaim_attempt(r: Any, alone: bool, error: str, p: Mapping[str, Any]) -> dict[str, Any]:

@@ -46,14 +46,15 @@ _READ_NOW = f"SELECT {NOW} AS now"
 
 # ------------------------------------------------------------------------ claiming
 
-# Claiming is four statements in one transaction: the unkeyed and the keyed candidates (keyed
-# ones with whether each is its key's head), parking the keyed ones that are not, and leasing
-# the best :limit of the rest. Per-key order, parking and resources as in postgres._CLAIM; there
-# is no SKIP LOCKED to need, the write lock is already held. These bind the transaction's time,
-# read once (Sqlite._now), so :now is never NULL here.
+# Claiming is four statements in one transaction (five with runs): the unkeyed and the keyed
+# candidates (keyed ones with whether each is its key's head), the runs behind the heads chosen
+# (_FOLLOWERS), parking the keyed candidates that are neither heads nor in a run, and leasing the
+# best :limit of the rest with their runs. Per-key order, parking, resources and runs as in
+# postgres._CLAIM; there is no SKIP LOCKED to need, the write lock is already held. These bind
+# the transaction's time, read once (Sqlite._now), so :now is never NULL here.
 _SELECT_UNKEYED = """
 SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
-       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary
+       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary, key
 FROM outbox_message
 WHERE state = 'pending' AND key IS NULL AND available_at <= :now {filter}
 ORDER BY priority DESC, available_at, seq
@@ -62,7 +63,7 @@ LIMIT :limit
 
 _SELECT_KEYED = """
 SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
-       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary, {head} AS head
+       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary, key, {head} AS head
 FROM outbox_message AS m
 WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= :now {filter}
 ORDER BY priority DESC, available_at, seq
@@ -74,14 +75,46 @@ _RESOURCE_FILTER = """
   AND {resource} NOT IN (SELECT value FROM json_each(:exclude))
   AND (:only IS NULL OR {resource} = :only)"""
 
+# Runs (see postgres._CLAIM): behind each of :heads (a JSON array of seqs, in claim order; the
+# key is read from the head's row, since a BLOB key cannot travel in JSON), the next :run rows of
+# its key in a blocking state, in seq order. SQLite has no LATERAL: a correlated IN with its own
+# LIMIT reads each key's line in outbox_message_key_idx and stops at :run ({indexed} is that
+# partial index's own state list: SQLite uses the index only where the query names its
+# predicate, and with dead_key "skip" {blocking} is shorter). A run is the prefix whose rows are
+# all ready (`due`); :follow rows at most are kept, numbered in the claim order of their heads.
+_FOLLOWERS = """
+WITH h AS (
+    SELECT j.key AS rank, m.seq, m.key
+    FROM json_each(:heads) AS j JOIN outbox_message AS m ON m.seq = j.value
+), f AS (
+    SELECT e.seq, h.rank,
+           (e.state = 'pending' AND e.lease_expires_at IS NULL
+            AND e.available_at <= :now {filter}) AS ok
+    FROM h JOIN outbox_message AS e ON e.seq IN (
+        SELECT x.seq FROM outbox_message AS x
+        WHERE x.key = h.key AND x.seq > h.seq AND x.state IN ({indexed})
+          AND x.state IN ({blocking})
+        ORDER BY x.seq
+        LIMIT :run
+    )
+), numbered AS (
+    SELECT seq, row_number() OVER (ORDER BY rank, seq) AS n,
+           min(ok) OVER (PARTITION BY rank ORDER BY seq) AS due
+    FROM f
+)
+SELECT seq FROM numbered WHERE due AND n <= :follow
+"""
+
 PARK = "UPDATE outbox_message SET held = true WHERE seq IN (SELECT value FROM json_each(:seqs))"
 
 # `state = 'pending'` again: the candidates were chosen under the same write lock, so this only
 # restates what must hold. :suspect is true when the rows chosen are suspects (see
-# postgres._CLAIM): they are stamped with :stamp, claimed alone or with other suspects.
+# postgres._CLAIM): they are stamped with :stamp, claimed alone or with other suspects. A run's
+# rows are usually parked: held is cleared with the lease.
 CLAIM = f"""
 UPDATE outbox_message
 SET state = 'in_flight',
+    held = false,
     attempts = attempts + 1,
     lease_owner = :owner,
     lease_token = :token,
@@ -304,6 +337,9 @@ class Sqlite(Dialect):
         self._read_now = compile_sql(_READ_NOW, {"now": TIME})
         self._select_unkeyed = compile_sql(_SELECT_UNKEYED.format(filter=where))
         self._select_keyed = compile_sql(_SELECT_KEYED.format(head=head, filter=where))
+        self._followers = compile_sql(
+            _FOLLOWERS.format(filter=where, blocking=blocking, indexed=common.BLOCKING_HOLD)
+        )
         self._park = compile_sql(PARK)
         self._claim = compile_sql(CLAIM, CLAIMED_COLUMNS)
         self._mark = compile_sql(MARK_PUBLISHED)
@@ -376,8 +412,6 @@ class Sqlite(Dialect):
                     candidates.append(tuple(candidate))
                 else:
                     parked.append(candidate[0])
-            if parked:
-                conn.execute(self._park, {"seqs": self.bind_list(parked)})
             # available_at is the stored text here, which sorts as time does.
             candidates.sort(key=lambda c: (-c[1], str(c[2]), c[0]))
             best = candidates[: params["limit"]]
@@ -386,15 +420,28 @@ class Sqlite(Dialect):
             solitary = [c for c in best if c[4]][:1]
             suspects = [c for c in best if c[3]][: params["group"]]
             chosen = solitary or suspects or best
+            heads = [c[0] for c in chosen if c[5] is not None]  # keyed: a run may follow
+            run = [] if suspects else self._runs(conn, p, heads)
+            in_run = set(run)
+            parked = [seq for seq in parked if seq not in in_run]
+            if parked:
+                conn.execute(self._park, {"seqs": self.bind_list(parked)})
             return conn.execute(
                 self._claim,
                 {
                     **p,
-                    "seqs": self.bind_list(c[0] for c in chosen),
+                    "seqs": self.bind_list([*(c[0] for c in chosen), *run]),
                     "suspect": bool(suspects),
                     "stamp": params["alone"] if solitary else params["grouped"],
                 },
             ).all()
+
+    def _runs(self, conn: Connection, params: Mapping[str, Any], heads: Sequence[int]) -> list[int]:
+        """The rows of the runs behind `heads` (keyed rows, in claim order)."""
+        if not heads or params["run"] <= 0 or params["follow"] <= 0:
+            return []
+        found = conn.execute(self._followers, {**params, "heads": self.bind_list(heads)})
+        return list(found.scalars())
 
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
