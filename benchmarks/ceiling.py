@@ -186,3 +186,32 @@ def measure_ceiling(
     if len(bodies) != len(properties) or not bodies:
         raise ValueError("need as many properties as bodies, and at least one of each")
     return _Run(amqp_url, exchange, routing_key, bodies, properties, window, timeout).run()
+
+
+def measure_serial(
+    amqp_url: str,
+    exchange: str,
+    routing_key: str,
+    bodies: Sequence[bytes],
+    properties: Sequence[Any],
+) -> CeilingResult:
+    """The same messages, each published once the one before it is confirmed (pika's
+    BlockingConnection in confirm mode): the bound on one key's rate for any relay that keeps a
+    key's order whatever the broker does with each message."""
+    params = pika.URLParameters(amqp_url)
+    params.connection_attempts = 1
+    conn = pika.BlockingConnection(params)
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        meter = CpuMeter()
+        meter.start()
+        started = time.perf_counter()
+        for body, props in zip(bodies, properties, strict=True):
+            channel.basic_publish(exchange, routing_key, body, props, mandatory=True)
+        seconds = time.perf_counter() - started
+        cpu = meter.stop(seconds)
+    finally:
+        conn.close()
+    n = len(bodies)
+    return CeilingResult(n, seconds, n, 0, 0, cpu=cpu)

@@ -15,6 +15,9 @@ Phases, in order (choose with --phases):
   enqueue      what outbox.enqueue costs a one-row transaction (commits/s with and without it)
   wakeup       commit-to-confirm with polling alone (no LISTEN, as on MySQL): single messages
                into an idle relay, and a steady 100 msg/s
+  hot-key      a backlog on one key, and on four, beside the same backlog unkeyed (in-process,
+               HOT_KEY messages each), and raw pika publishing the same messages one confirm at
+               a time: the bound for any relay that keeps a key's order whatever the broker does
 
 --db names the server: PostgreSQL (the default), or MySQL/MariaDB, e.g.
 `--db mariadb://root@127.0.0.1:3306/test` (every phase but `prepared`, which is psycopg's).
@@ -42,7 +45,7 @@ from typing import Any
 import pika
 from sqlalchemy.engine import make_url
 
-from benchmarks.ceiling import CeilingResult, measure_ceiling
+from benchmarks.ceiling import CeilingResult, measure_ceiling, measure_serial
 from benchmarks.drain import (
     DrainResult,
     drain_in_process,
@@ -74,11 +77,14 @@ PHASES = (
     "publisher",
     "enqueue",
     "wakeup",
+    "hot-key",
 )
 POSTGRESQL_ONLY = ("prepared",)
 # psycopg's own default: a statement is prepared on the server at its fifth run.
 PREPARED_ON = "5"
 ONE_AT_A_TIME = 20_000  # messages the slow comparison drains (its rate is what counts)
+HOT_KEY = 20_000  # messages each hot-key drain takes (a key drains at a few thousand a second)
+HOT_TARGET, HOT_GOAL = 0.2, 0.5  # one key's rate over the unkeyed rate (issue 13)
 DEFAULT_DB = os.environ.get("BENCH_DB_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 DEFAULT_AMQP = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 TARGET = 0.8
@@ -210,7 +216,7 @@ def _run(
     payloads = [encode(make_payload(i, args.payload_bytes)) for i in range(n)]
     now = time.time()
 
-    needs_backlog = {"in-process", "subprocess", "one-at-a-time", "prepared", "store"}
+    needs_backlog = {"in-process", "subprocess", "one-at-a-time", "prepared", "store", "hot-key"}
     if (needs_backlog | {"enqueue", "wakeup"}) & set(phases):
         db.create()
         _say(f"loading {n} messages through outbox.enqueue ...")
@@ -244,7 +250,14 @@ FIGURES = {
     "publisher": "diagnostic: relay.Publisher only, no DB",
     "enqueue": "outbox.enqueue in a one-row transaction",
     "wakeup": "commit-to-confirm, polling alone",
+    "hot-key": "hot keys",
+    "hot-unkeyed": "hot-key baseline: the same backlog unkeyed",
+    "hot-1": "one hot key",
+    "hot-4": "four hot keys",
+    "hot-serial": "raw pika, one confirm at a time",
 }
+# The hot-key figures, and what each is a ratio to (the table's last column says which).
+HOT_BASE = {"hot-1": "hot-unkeyed", "hot-4": "hot-unkeyed", "hot-serial": "hot-unkeyed"}
 DIAG = ("store", "publisher")
 
 
@@ -352,6 +365,8 @@ def _phase(
         row.rates.append(found[0].p50_ms)
         row.extras.append("; ".join(f.describe() for f in found))
         _say(f"  {row.extras[-1]}")
+    elif phase == "hot-key":
+        _hot_key(tag, args, db, broker, payloads, now, results)
     elif phase == "publisher":
         _say(f"diagnostic: relay.Publisher only, pre-built messages{tag} ...")
         items = [
@@ -367,6 +382,49 @@ def _phase(
         ]
         r = purge_after(lambda: publish_only(args.amqp, items, timeout=args.timeout))
         _add_drain(results, phase, r)
+
+
+def _hot_key(
+    tag: str,
+    args: argparse.Namespace,
+    db: BenchDatabase,
+    broker: BenchBroker,
+    payloads: list[bytes],
+    now: float,
+    results: dict[str, Row],
+) -> None:
+    """The same first HOT_KEY messages drained unkeyed, on one key and on four (in-process),
+    then published by raw pika one confirm at a time."""
+    limit = min(HOT_KEY, len(payloads))
+
+    def counted(fn: Callable[[], Any], expected: int, what: str) -> Any:
+        try:
+            value = fn()
+        finally:
+            arrived = broker.purge()
+        if arrived != expected:
+            raise RuntimeError(f"{what}: {arrived} messages in the queue, expected {expected}")
+        return value
+
+    for key, keys in (("hot-unkeyed", 0), ("hot-1", 1), ("hot-4", 4)):
+        db.restore(limit=limit, keys=keys)
+        _quiesce()
+        _say(f"{FIGURES[key]}, {limit} messages, in-process{tag} ...")
+        drain = functools.partial(drain_in_process, db, args.amqp, timeout=args.timeout)
+        _add_drain(results, key, counted(drain, limit, key))
+    _quiesce()
+    _say(f"{FIGURES['hot-serial']}, {limit // 4} messages{tag} ...")
+    props = [message_properties(uuid.uuid4(), now) for _ in range(limit // 4)]
+    serial: CeilingResult = counted(
+        lambda: measure_serial(
+            args.amqp, broker.exchange, ROUTING_KEY, payloads[: limit // 4], props
+        ),
+        limit // 4,
+        "hot-serial",
+    )
+    row = _add(results, "hot-serial", serial.rate)
+    row.extras.append(f"{serial.seconds:.2f} s")
+    _say(f"  {_fmt_rate(serial.rate)} ({serial.seconds:.2f} s)")
 
 
 def _add(results: dict[str, Row], key: str, rate: float) -> Row:
@@ -450,6 +508,9 @@ def _report(
             lines.append((row.figure, "FAILED", "-"))
             continue
         ratio = f"{row.rate / base:.2f}x" if base else "-"
+        if key in HOT_BASE:  # a ratio to the unkeyed drain of the same run, not the ceiling
+            other = results.get(HOT_BASE[key])
+            ratio = f"{row.rate / other.rate:.2f}x unkeyed" if other and other.rates else "-"
         lines.append((row.figure, _fmt_rate(row.rate) + _spread(row.rates), ratio))
     w1 = max([len("figure"), *(len(a) for a, _, _ in lines)])
     w2 = max([len("value"), *(len(b) for _, b, _ in lines)])
@@ -495,6 +556,14 @@ def _report(
         out.append(
             f"no prepared statements / prepared statements: rate {off.rate / on.rate:.2f}x{cpu} "
             f"(median of {len(off.rates)} run(s) each)"
+        )
+    one, unkeyed = results.get("hot-1"), results.get("hot-unkeyed")
+    if one and unkeyed and one.rates and unkeyed.rates:
+        hot = one.rate / unkeyed.rate
+        out.append(
+            f"target one hot key >= {HOT_TARGET:.1f}x the unkeyed drain: "
+            f"{'met' if hot >= HOT_TARGET else 'NOT met'} ({hot:.2f}x; goal {HOT_GOAL:.1f}x "
+            f"{'met' if hot >= HOT_GOAL else 'not met'})"
         )
     relay = results.get("in-process") or results.get("subprocess")
     if base and relay and relay.rates:

@@ -87,7 +87,7 @@ def drain_in_process(
 ) -> DrainResult:
     """Relay the backlog with the relay's own parts, wired as `relay.runtime.runner` does
     (through `db_url` when given: the same database, other connection options)."""
-    expected = db.loaded
+    expected = db.restored
     config = RelayConfig(db_url=db_url or db.url, amqp_url=amqp_url, relay_id="bench-in-process")
     store = open_store(config.db_url)
     publisher_cls = _ProfiledPublisher if profile_dir is not None else Publisher
@@ -199,7 +199,7 @@ def _psutil() -> Any:
 
 def drain_subprocess(db: BenchDatabase, amqp_url: str, *, timeout: float) -> DrainResult:
     """Relay the backlog with `outbox-relay --db URL run`, as an operator runs it."""
-    expected = db.loaded
+    expected = db.restored
     cmd = [
         *relay_command(),
         "--db",
@@ -282,7 +282,7 @@ def drain_subprocess(db: BenchDatabase, amqp_url: str, *, timeout: float) -> Dra
 
 def drain_store_only(db: BenchDatabase, *, batch_size: int = 500) -> DrainResult:
     """The relay's store, claim then mark, one batch after another, nothing published."""
-    expected = db.loaded
+    expected = db.restored
     store = open_store(db.url)
     done = 0
     try:

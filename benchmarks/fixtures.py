@@ -64,6 +64,7 @@ class BenchDatabase:
         self._admin = create_engine(self.admin_url, isolation_level="AUTOCOMMIT", pool_size=1)
         self.engine: Engine | None = None
         self.loaded = 0
+        self.restored = 0  # rows the last restore() put back: what a drain must publish
 
     def _drop_sql(self) -> str:
         if self.mysql:
@@ -116,15 +117,28 @@ class BenchDatabase:
             conn.exec_driver_sql(
                 f"CREATE {unlogged}TABLE bench_backlog AS SELECT * FROM outbox_message"
             )
-        self.loaded = count
+        self.loaded = self.restored = count
         return time.perf_counter() - started
 
-    def restore(self) -> None:
-        """Put the loaded backlog back: every row pending, nothing else in the table."""
+    def restore(self, *, limit: int | None = None, keys: int = 0) -> None:
+        """Put the loaded backlog back: every row pending, nothing else in the table. With
+        `limit`, only its first rows; with `keys`, every row keyed, round robin over that many
+        keys (`hot0`, `hot1`...): a backlog of hot keys."""
         assert self.engine is not None
+        self.restored = min(self.loaded, limit) if limit is not None else self.loaded
+        first = "SELECT * FROM bench_backlog ORDER BY seq"
         with self.engine.begin() as conn:
             conn.exec_driver_sql("TRUNCATE outbox_message")
-            conn.exec_driver_sql("INSERT INTO outbox_message SELECT * FROM bench_backlog")
+            conn.exec_driver_sql(f"INSERT INTO outbox_message {first} LIMIT {self.restored}")
+            if keys:
+                if self.mysql:  # `key` is a reserved word there
+                    conn.exec_driver_sql(
+                        f"UPDATE outbox_message SET `key` = CONCAT('hot', MOD(seq, {keys}))"
+                    )
+                else:
+                    conn.exec_driver_sql(
+                        f"UPDATE outbox_message SET key = 'hot' || mod(seq, {keys})"
+                    )
         if self.mysql:
             with self.engine.connect() as conn:
                 conn.exec_driver_sql("ANALYZE TABLE outbox_message").all()

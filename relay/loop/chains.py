@@ -62,7 +62,9 @@ def answered(lease: Lease, chunk: Chunk, finished: Finished) -> None:
     lease.busy.discard(key)
     broken = any(o.fate is not Fate.CONFIRMED for o in finished.outcomes)
     if not broken:
-        if not lease.chains.get(key):
+        if lease.chains.get(key):
+            finished.frees = False  # the chain goes on: nothing new to claim for it
+        else:
             lease.chains.pop(key, None)
         return
     held = [o.ref for o in finished.outcomes if o.held_back]

@@ -92,6 +92,9 @@ class Finished:
     # What the circuits answered so far, per resource part: a part already counted is not
     # counted again when the database fails half way through and the chunk is decided again.
     burns: dict[str, list[bool]] = field(default_factory=dict)
+    # Whether writing it may let new rows be claimed (a key's next message, room in flight); not
+    # a piece of a chain that goes on, whose next messages this relay holds already.
+    frees: bool = True
     marked: bool = False  # confirmed rows already marked
     failures_written: bool = False  # failure decisions already written
 

@@ -52,7 +52,8 @@ class Settler:
         self._pending.append(finished)
 
     def settle(self, counts: Counts) -> int:
-        """Write every chunk the broker has answered; return how many were written.
+        """Write every chunk the broker has answered; return how many of those were written
+        that may let new rows be claimed (Finished.frees).
 
         On DatabaseUnavailable what is not written yet is kept for the next call (each chunk
         remembers how far it got): if a lease runs out first, another relay republishes (same
@@ -74,7 +75,7 @@ class Settler:
             for finished in pending:
                 if finished.written:
                     self._done(finished)
-        return len(pending)
+        return sum(1 for f in pending if f.frees and f.written)
 
     def _decide(self, finished: Finished) -> Settlement:
         lease = self._leases.get(finished.token)

@@ -23,12 +23,14 @@ def blocking_states(*, hold: bool) -> str:
     return BLOCKING_HOLD if hold else BLOCKING_SKIP
 
 
-def is_head(row: str, *, blocking: str) -> str:
+def is_head(row: str, *, blocking: str, unless: str = "") -> str:
     """True when no earlier message of `row`'s key is in a blocking state: one probe of
-    outbox_message_key_idx. `row` is the alias of the message looked at."""
+    outbox_message_key_idx. `row` is the alias of the message looked at; `unless`, a condition
+    on `e` that lets an earlier message not count (one being published by the same statement)."""
+    also = f" AND NOT ({unless})" if unless else ""
     return f"""NOT EXISTS (
         SELECT 1 FROM outbox_message AS e
-        WHERE e.key = {row}.key AND e.seq < {row}.seq AND e.state IN ({blocking})
+        WHERE e.key = {row}.key AND e.seq < {row}.seq AND e.state IN ({blocking}){also}
     )"""  # noqa: S608 - an alias and a literal list of this module's
 
 

@@ -67,6 +67,11 @@ from relay.store.estimates import TableStats, shares
 # any failure (relay/loop/chains.py), so a key's order holds while its backlog drains at the
 # broker's confirm pace instead of one claim-publish-mark cycle per message. :follow caps the rows
 # all runs of a claim add together.
+#
+# The rows to lease are named by an array of seqs (one probe of the primary key each), not
+# joined, and the runs are cut at :follow by a LIMIT: the planner cannot tell how many rows the
+# runs add, and a claim it thinks large becomes a hash join over the whole table, or is compiled
+# by JIT for longer than it runs.
 _CLAIM = """
 WITH unkeyed AS (
     SELECT seq, NULL::text AS key, priority, available_at,
@@ -121,16 +126,18 @@ WITH unkeyed AS (
         ORDER BY e.seq
         LIMIT :run
     ) AS f
+    ORDER BY n
+    LIMIT :follow
 ), locked AS (
     SELECT seq FROM outbox_message
-    WHERE seq IN (SELECT seq FROM follow WHERE due AND n <= :follow) AND state = 'pending'
+    WHERE seq IN (SELECT seq FROM follow WHERE due) AND state = 'pending'
     FOR UPDATE SKIP LOCKED
 ), run AS (
     SELECT seq FROM (
         SELECT f.seq,
                bool_and(l.seq IS NOT NULL) OVER (PARTITION BY f.key ORDER BY f.seq) AS whole
         FROM follow AS f LEFT JOIN locked AS l ON l.seq = f.seq
-        WHERE f.due AND f.n <= :follow
+        WHERE f.due
     ) AS r
     WHERE whole
 ), parked AS (
@@ -138,10 +145,6 @@ WITH unkeyed AS (
     FROM keyed
     WHERE p.seq = keyed.seq AND NOT keyed.head AND keyed.seq NOT IN (SELECT seq FROM run)
     RETURNING p.seq
-), claimed AS (
-    SELECT seq, suspect, solitary FROM chosen
-    UNION ALL
-    SELECT seq, false, false FROM run
 )
 UPDATE outbox_message AS m
 SET state = 'in_flight',
@@ -150,13 +153,13 @@ SET state = 'in_flight',
     lease_owner = :owner,
     lease_token = :token,
     lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds),
-    last_error = CASE WHEN claimed.solitary THEN :alone WHEN claimed.suspect THEN :grouped
+    last_error = CASE WHEN m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE solitary)) THEN :alone
+                      WHEN m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect)) THEN :grouped
                       ELSE m.last_error END
-FROM claimed
-WHERE m.seq = claimed.seq
+WHERE m.seq = ANY(ARRAY(SELECT seq FROM chosen UNION ALL SELECT seq FROM run))
 RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type, m.headers, m.key,
           m.priority, m.attempts, m.max_attempts, m.available_at, m.created_at, m.traceparent,
-          m.tracestate, claimed.suspect
+          m.tracestate, m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect))
 """
 _RESOURCE_FILTER = """
       AND NOT ({resource} = ANY(CAST(:exclude AS text[])))
@@ -176,22 +179,28 @@ SELECT EXISTS (
 
 # The lease guard (lease_token = :token AND state = 'in_flight'): only rows still in flight under
 # this token change, so a relay whose lease expired (and whose rows another relay took over) can
-# never overwrite the newer owner's work, and a duplicate confirm changes nothing. The next
-# parked message of each key just published (its lowest seq) is unparked in the same statement.
+# never overwrite the newer owner's work, and a duplicate confirm changes nothing.
+#
+# Unparking: for each key just published, the next message of the key in a blocking state (one
+# probe of outbox_message_key_idx) is unparked when it is parked and nothing earlier blocks it
+# but what this statement publishes. While a run is in flight the next message is the run's own,
+# in flight: nothing is unparked, and no claim has to park it again.
 MARK_PUBLISHED = """
 WITH done AS (
     UPDATE outbox_message
     SET state = 'published', published_at = coalesce(:now, now()), last_error = NULL,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE seq = ANY(CAST(:seqs AS bigint[])) AND lease_token = :token AND state = 'in_flight'
-    RETURNING key
+    RETURNING key, seq
+), nexts AS (
+    SELECT k.key, (SELECT n.seq FROM outbox_message AS n
+                   WHERE n.key = k.key AND n.seq > k.last AND n.state IN ({blocking})
+                   ORDER BY n.seq LIMIT 1) AS seq
+    FROM (SELECT key, max(seq) AS last FROM done WHERE key IS NOT NULL GROUP BY key) AS k
 ), unparked AS (
-    UPDATE outbox_message SET held = false
-    WHERE seq IN (
-        SELECT (SELECT min(h.seq) FROM outbox_message AS h
-                WHERE h.key = k.key AND h.state = 'pending' AND h.held)
-        FROM (SELECT DISTINCT key FROM done WHERE key IS NOT NULL) AS k
-    )
+    UPDATE outbox_message AS u SET held = false
+    FROM nexts
+    WHERE u.seq = nexts.seq AND u.state = 'pending' AND u.held AND {head}
     RETURNING 1
 )
 SELECT count(*) FROM done
@@ -506,7 +515,11 @@ class Postgres(Dialect):
     # Set on each new connection, in milliseconds as text (a URL's own `options` stay as given).
     # A cancelled statement (57014) is transient: the loop retries it.
     statement_timeout = "SELECT set_config('statement_timeout', %s, false)"
-    relaxed_commit = "SET synchronous_commit = off"
+    # And no JIT: the loop's statements take a millisecond or so, and JIT would compile some of
+    # them for tens of milliseconds first whenever the planner overestimates their rows.
+    relaxed_commit = (
+        "SELECT set_config('synchronous_commit', 'off', false), set_config('jit', 'off', false)"
+    )
 
     def _prepare(self, *, blocking: str, resource: str) -> Statements:
         claim = _CLAIM.format(
@@ -515,7 +528,14 @@ class Postgres(Dialect):
             blocking=blocking,
         )
         self._claim = compile_sql(claim, CLAIMED_COLUMNS)
-        self._mark = compile_sql(MARK_PUBLISHED)
+        self._mark = compile_sql(
+            MARK_PUBLISHED.format(
+                blocking=blocking,
+                head=common.is_head(
+                    "nexts", blocking=blocking, unless="e.seq = ANY(CAST(:seqs AS bigint[]))"
+                ),
+            )
+        )
         self._settle = compile_sql(SETTLE_FAILURES)
         self._reclaim = compile_sql(RECLAIM_EXPIRED)
         self._abandon = compile_sql(ABANDON)
