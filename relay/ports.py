@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -209,12 +209,15 @@ class Publisher(Protocol):
     def start(self, timeout: float = ...) -> None:
         """Connect; raise BrokerUnavailable if that fails."""
 
-    def publish(self, items: Sequence[Outgoing], done: Done, *, chained: bool = False) -> None:
+    def publish(
+        self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
+    ) -> None:
         """Hand over a batch; `done(outcomes)` is called (from any thread) once all are settled.
 
-        `chained`: one message at a time, each sent once the one before it is confirmed; after
-        the first that is not, the rest are not sent (NOT_SENT, `held_back`). A key's order then
-        holds whatever the broker does with any one of them."""
+        `chain`: the batches handed over with the same chain go one message at a time, in the
+        order handed over, each sent once the one before it is confirmed; after the first that
+        is not, none of the chain's are sent (NOT_SENT, `held_back`), in this batch or a later
+        one. A key's order then holds whatever the broker does with any one of them."""
 
     def stop(self, timeout: float = ...) -> None:
         """Close; unsettled messages are reported as not confirmed."""

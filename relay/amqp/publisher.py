@@ -23,8 +23,8 @@ import random
 import struct
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,8 @@ _ENCODING_ERRORS = (TypeError, ValueError, struct.error, UnsupportedAMQPFieldExc
 
 # AMQP allows 2047 channels per connection by default; idle ones beyond this are closed.
 MAX_CHANNELS = 256
+# Broken chains remembered (ample: a chain's batches all arrive within one pass of the relay).
+MAX_BROKEN_CHAINS = 4096
 
 
 @dataclass(slots=True, eq=False)
@@ -63,7 +65,7 @@ class _Batch:
     sent_at: float
     outcomes: list[Outcome | None] = field(default_factory=list)
     remaining: int = 0
-    chained: bool = False  # one at a time, each after the one before it is confirmed
+    chain: Hashable | None = None  # one at a time, each after the one before it is confirmed
 
 
 Entry = tuple[_Batch, int]
@@ -135,6 +137,11 @@ class Publisher:
         self._thread: threading.Thread | None = None
         self._conn: Any = None
         self._chans: OrderedDict[str, _Chan] = OrderedDict()  # least recently used first
+        # Each chain's batches, the one being sent first; the rest wait for it to be confirmed.
+        self._chains: dict[Hashable, deque[_Batch]] = {}
+        # Chains that broke, most recent last: a batch of one that comes after the break (the
+        # relay hands a chain's batches over together, so only by a race) is held back too.
+        self._broken: OrderedDict[Hashable, None] = OrderedDict()
         self._returned: dict[str, str] = {}
         self._stopping = False
         self._failures = 0
@@ -175,10 +182,12 @@ class Publisher:
         reasons = [_plain(node, error) for node, error in earlier] + [f"{last.name}: {why}"]
         return f"{self._all_urls}: {'; '.join(reasons)}"
 
-    def publish(self, items: Sequence[Outgoing], done: Done, *, chained: bool = False) -> None:
+    def publish(
+        self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
+    ) -> None:
         """Publish a batch; `done(outcomes)` is called from the IO thread once all are settled.
-        A chained batch goes one message at a time (ports.Publisher.publish)."""
-        batch = _Batch(items, done, time.monotonic(), chained=chained)
+        A chain's batches go one message at a time (ports.Publisher.publish)."""
+        batch = _Batch(items, done, time.monotonic(), chain=chain)
         self._ioloop.add_callback_threadsafe(lambda: self._publish(batch))
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -366,6 +375,10 @@ class Publisher:
         if n == 0:
             batch.done([])
             return
+        if batch.chain is not None and batch.chain in self._broken:
+            self._hold_back(batch, 0, "held back: an earlier message of its key was not confirmed")
+            batch.done([o for o in batch.outcomes if o is not None])
+            return
         if self._conn is None or not self._conn.is_open or self._stopping:
             why = "connection blocked" if self.blocked else "no connection to the broker"
             for i, item in enumerate(batch.items):
@@ -373,8 +386,11 @@ class Publisher:
                     batch, i, Outcome(item.ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
                 )
             return
-        if batch.chained:
-            self._next_in_chain(batch, 0)
+        if batch.chain is not None:
+            waiting = self._chains.setdefault(batch.chain, deque())
+            waiting.append(batch)
+            if len(waiting) == 1:  # else it starts when the one before it is all confirmed
+                self._next_in_chain(batch, 0)
             return
         chan: _Chan | None = None
         for i, item in enumerate(batch.items):
@@ -455,18 +471,46 @@ class Publisher:
             return
         batch.outcomes[i] = outcome
         batch.remaining -= 1
-        if batch.chained and i + 1 < len(batch.items):
-            if outcome.fate is Fate.CONFIRMED:
-                self._next_in_chain(batch, i + 1)
-                return
-            # The rest stay unsent: sending them now would put them ahead of this one.
-            why = f"held back: an earlier message of its key was not confirmed ({outcome.fate})"
-            for j in range(i + 1, len(batch.items)):
-                held = Outcome(batch.items[j].ref, Fate.NOT_SENT, why, held_back=True)
-                batch.outcomes[j] = held
-                batch.remaining -= 1
+        if batch.chain is not None:
+            self._chain_moves_on(batch, i, outcome)
+            return
         if batch.remaining == 0:
             batch.done([o for o in batch.outcomes if o is not None])
+
+    def _chain_moves_on(self, batch: _Batch, i: int, outcome: Outcome) -> None:
+        """Message `i` of a chain's batch is settled: send the next (of this batch, or of the
+        chain's next batch once this one is answered), or, if it was not confirmed, send nothing
+        more of the chain: the rest are held back (sending them would put them ahead of it)."""
+        confirmed = outcome.fate is Fate.CONFIRMED
+        if confirmed and i + 1 < len(batch.items):
+            self._next_in_chain(batch, i + 1)
+            return
+        why = f"held back: an earlier message of its key was not confirmed ({outcome.fate})"
+        if not confirmed:
+            self._hold_back(batch, i + 1, why)
+            self._broken[batch.chain] = None
+            if len(self._broken) > MAX_BROKEN_CHAINS:
+                self._broken.popitem(last=False)
+        batch.done([o for o in batch.outcomes if o is not None])
+        waiting = self._chains.get(batch.chain)
+        if waiting is None or not waiting or waiting[0] is not batch:
+            return
+        waiting.popleft()
+        while waiting and not confirmed:
+            later = waiting.popleft()
+            self._hold_back(later, 0, why)
+            later.done([o for o in later.outcomes if o is not None])
+        if waiting:
+            self._next_in_chain(waiting[0], 0)
+        else:
+            del self._chains[batch.chain]
+
+    @staticmethod
+    def _hold_back(batch: _Batch, start: int, why: str) -> None:
+        for j in range(start, len(batch.items)):
+            if batch.outcomes[j] is None:
+                batch.outcomes[j] = Outcome(batch.items[j].ref, Fate.NOT_SENT, why, held_back=True)
+                batch.remaining -= 1
 
     # ----------------------------------------------------------------- failures
 

@@ -2,20 +2,20 @@
 message at a time.
 
 A claim returns, beside its heads, up to RUN messages of each keyed head's key. They are held
-apart from the other rows as that key's chain, in key order, and handed to the publisher a piece
-at a time (`chained`: each message sent once the one before it is confirmed, straight from the
-confirm's callback). So a hot key drains at the broker's confirm pace, not at one
+apart from the other rows as that key's chain, in key order, and handed to the publisher in
+pieces, all at once, as one chain: each message is sent once the one before it is confirmed,
+straight from the confirm's callback, and each piece is answered (and marked) as soon as its
+last message is confirmed. So a hot key drains at the broker's confirm pace, not at one
 claim-publish-mark cycle per message, and its order holds: after the first message that is not
-confirmed, the rest of the chain (the piece's held-back messages and the pieces not handed over)
-is given back unsent, behind it.
+confirmed, the publisher sends nothing more of the chain, and the rest is given back unsent,
+behind it.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from relay.core.outcome import Fate
 from relay.loop.leases import Chunk, Finished, Lease
 from relay.ports import Claimed
 
@@ -23,8 +23,9 @@ from relay.ports import Claimed
 # time between runs (a mark and a claim); a relay killed mid-run leaves the run's unsent messages
 # as suspects, each then published on its own (common.GROUPED), so not much longer.
 RUN = 128
-# Messages of a chain handed over together: its confirmed messages are marked when the piece is
-# answered, so this is also what a relay killed mid-chain leaves confirmed and unmarked.
+# Messages of a chain answered together: a piece's confirmed messages are marked once its last
+# one is confirmed, so this is also what a relay killed mid-chain leaves confirmed and unmarked
+# (and what a chain takes of the publisher's window, whatever its length).
 PIECE = 32
 HELD_BACK = "held back: an earlier message of its key was not confirmed"
 
@@ -42,32 +43,28 @@ def split(rows: Sequence[Claimed]) -> tuple[list[Claimed], dict[str, deque[Claim
     return singles, chains
 
 
-def next_piece(lease: Lease, key: str, room: int) -> list[Claimed]:
-    """The next rows of `key`'s chain to hand over (none while a piece of it is out)."""
-    rest = lease.chains.get(key)
-    if key in lease.busy or not rest or room <= 0:
-        return []
-    lease.busy.add(key)
-    return [rest.popleft() for _ in range(min(PIECE, room, len(rest)))]
+def pieces(chain: Iterable[Claimed], size: int = PIECE) -> list[list[Claimed]]:
+    """A chain cut into the pieces it is handed over in (all at once: the publisher sends the
+    next piece as soon as the one before it is confirmed)."""
+    rows = list(chain)
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def answered(lease: Lease, chunk: Chunk, finished: Finished) -> None:
-    """A piece of a chain came back. All confirmed: the chain goes on (the next pump hands the
-    next piece). Else the chain ends here: its held-back messages leave `finished` (they were
-    never sent, there is nothing to settle) and, with the pieces not handed over, wait in
-    `give_back` to be released unsent, behind the one that failed."""
+    """A piece of a chain came back. If a message of it was not confirmed, the chain ended
+    there: its held-back messages (of this piece, and of the pieces after it, which come back
+    held back whole) leave `finished`, as they were never sent and there is nothing to settle,
+    and wait in `give_back` to be released unsent, behind the one that failed."""
     key = chunk.chain
     if key is None:
         return
-    lease.busy.discard(key)
-    broken = any(o.fate is not Fate.CONFIRMED for o in finished.outcomes)
-    if not broken:
-        if lease.chains.get(key):
-            finished.frees = False  # the chain goes on: nothing new to claim for it
-        else:
-            lease.chains.pop(key, None)
-        return
+    out = lease.busy.get(key, 1) - 1
+    if out > 0:
+        lease.busy[key] = out
+        finished.frees = False  # the chain goes on: nothing new to claim for it yet
+    else:
+        lease.busy.pop(key, None)
     held = [o.ref for o in finished.outcomes if o.held_back]
-    finished.outcomes = [o for o in finished.outcomes if not o.held_back]
-    rest = lease.chains.pop(key, deque())
-    lease.give_back.extend(held + [row.seq for row in rest])
+    if held:
+        finished.outcomes = [o for o in finished.outcomes if not o.held_back]
+        lease.give_back.extend(held)

@@ -74,6 +74,7 @@ class Claimer:
         self._suspect: Lease | None = None  # quarantined suspects, sent or waiting to be
         self._chunks = itertools.count(1)
         self._chunk = max(1, min(CHUNK_MAX, config.max_unconfirmed // 4))
+        self._piece = max(1, min(chains.PIECE, config.max_unconfirmed))  # what a chain takes
 
     # ----------------------------------------------------------------- pacing
 
@@ -233,14 +234,22 @@ class Claimer:
         room = self._config.max_unconfirmed - leases.sending
         if room <= 0:
             return
-        # Chains first: each has at most one piece out, so they take little of the window, and
-        # a chain kept waiting holds its key back for the whole piece.
+        # Chains first: each takes one piece of the window, however long, and a chain kept
+        # waiting holds its key back.
         for lease in list(leases.values()):
-            for key in list(lease.chains):
-                piece = chains.next_piece(lease, key, room)
-                if piece:
-                    self._publish(lease, piece, now, chain=key)
-                    room -= len(piece)
+            for key, rest in list(lease.chains.items()):
+                pieces = chains.pieces(rest, self._piece)
+                if key in lease.busy or len(pieces[0]) > room:
+                    continue
+                del lease.chains[key]
+                lease.busy[key] = len(pieces)
+                room -= len(pieces[0])
+                for n, piece in enumerate(pieces):
+                    if not self._publish(lease, piece, now, chain=key):
+                        # A row that cannot be built cut the chain: what follows it waits.
+                        lease.busy[key] = n + 1
+                        lease.give_back.extend(row.seq for p in pieces[n + 1 :] for row in p)
+                        break
         for lease in list(leases.values()):
             if not lease.unsent:
                 continue
@@ -255,7 +264,9 @@ class Claimer:
 
     def _publish(
         self, lease: Lease, rows: list[Claimed], now: float, *, chain: str | None = None
-    ) -> None:
+    ) -> bool:
+        """Hand `rows` over; False when a chain's row cannot be built (it is dead-lettered as
+        malformed, and the chain ends before it: the rest of the piece is held back)."""
         if lease.sent_at is None:
             lease.sent_at = now
         token, number = lease.token, next(self._chunks)
@@ -285,7 +296,7 @@ class Claimer:
 
         if chain is not None and broken:
             # A row of the chain cannot be built: nothing after it may go before it is dealt
-            # with (dead-lettered as malformed), so those are held back, and the rest given back.
+            # with (dead-lettered as malformed), so those are held back.
             first = min(o.ref for o in broken)
             kept = [item for item in items if item.ref < first]
             held = [Outcome(i.ref, Fate.NOT_SENT, chains.HELD_BACK, held_back=True)
@@ -294,6 +305,9 @@ class Claimer:
             items = kept
         if items:
             with observer.loop_span("publish", messages=len(items)):
-                self._publisher.publish(items, done, chained=chain is not None)
+                self._publisher.publish(
+                    items, done, chain=None if chain is None else (lease.token, chain)
+                )
         else:
             done([])
+        return chain is None or not broken

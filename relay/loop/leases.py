@@ -38,14 +38,24 @@ class Lease:
     sent_at: float | None = None  # clock time its first chunk was handed over (None: not yet)
     suspect: bool = False  # suspects claimed apart: nothing else may be in flight with them
     # Hot keys' runs (relay/loop/chains.py): the rows of each key's chain not handed over yet,
-    # the keys with a piece at the publisher, and rows to give back unsent (a chain that broke).
+    # the keys with pieces at the publisher, and rows to give back unsent (a chain that broke).
     chains: dict[str, deque[Claimed]] = field(default_factory=dict)
-    busy: set[str] = field(default_factory=set)
+    busy: dict[str, int] = field(default_factory=dict)  # pieces at the publisher, per key
     give_back: list[int] = field(default_factory=list)
 
     @property
     def sending(self) -> int:
-        return sum(len(chunk.seqs) for chunk in self.chunks.values())
+        """Rows handed over and not written yet that could be confirmed and unmarked now: each
+        chain counts its oldest piece only (its others wait for that one to be confirmed)."""
+        counted: set[str] = set()
+        total = 0
+        for chunk in self.chunks.values():
+            if chunk.chain is not None:
+                if chunk.chain in counted:
+                    continue
+                counted.add(chunk.chain)
+            total += len(chunk.seqs)
+        return total
 
     def unsent_seqs(self) -> list[int]:
         """Every row held and never handed over: side by side, in chains, or to give back."""

@@ -333,7 +333,7 @@ class Relay:
         lease.give_back = [seq for seq in lease.give_back if seq not in gone]
         for key, rest in list(lease.chains.items()):
             rest = lease.chains[key] = deque(row for row in rest if row.seq not in gone)
-            if not rest and key not in lease.busy:  # one still out: it ends with its answer
+            if not rest:
                 del lease.chains[key]
         for seq in seqs:
             lease.rows.pop(seq, None)

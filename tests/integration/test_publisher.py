@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 
+import pika
 import pytest
 
 from relay.amqp.publisher import Publisher
+from relay.core.outcome import Fate, Outcome
 from relay.errors import BrokerUnavailable
+from relay.ports import Outgoing
+from tests.conftest import Broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -79,3 +84,60 @@ def test_publisher_connects_and_stops(amqp_url: str, thread_errors: list[BaseExc
     publisher.stop()
     assert not publisher.ready
     assert thread_errors == []
+
+
+def _item(ref: int, exchange: str, routing_key: str = "r") -> Outgoing:
+    message_id = str(uuid.uuid4())
+    props = pika.BasicProperties(message_id=message_id, delivery_mode=2)
+    return Outgoing(ref, message_id, exchange, routing_key, f"{ref}".encode(), props)
+
+
+def test_a_chain_sends_nothing_after_a_message_that_was_not_confirmed(
+    amqp_url: str, broker: Broker
+) -> None:
+    """Three batches of one chain: the second batch's third message is unroutable (its routing
+    key reaches no queue); nothing after it is sent, in its batch or the next, while a batch
+    of another chain goes on. Each batch is answered on its own, in order."""
+    bound = broker.declare_exchange()
+    queue = broker.declare_queue(bind_to=bound, binding_key="ok")
+    publisher = Publisher(amqp_url)
+    publisher.start()
+    answers: list[list[Outcome]] = []
+    done = threading.Event()
+
+    def answered(outcomes: list[Outcome]) -> None:
+        answers.append(outcomes)
+        if len(answers) == 4:
+            done.set()
+
+    try:
+        first = [_item(n, bound, "ok") for n in range(1, 4)]
+        second = [_item(n, bound, "ok") for n in range(4, 6)] + [_item(6, bound, "nowhere")]
+        second += [_item(7, bound, "ok")]
+        third = [_item(n, bound, "ok") for n in range(8, 10)]
+        other = [_item(n, bound, "ok") for n in range(10, 12)]
+        for batch in (first, second, third):
+            publisher.publish(batch, answered, chain="k")
+        publisher.publish(other, answered, chain="other")
+        assert done.wait(10)
+    finally:
+        publisher.stop()
+    fates = {o.ref: o for outcomes in answers for o in outcomes}
+    assert [fates[n].fate for n in range(1, 6)] == [Fate.CONFIRMED] * 5
+    assert fates[6].fate is Fate.UNROUTABLE
+    assert all(fates[n].held_back and fates[n].fate is Fate.NOT_SENT for n in (7, 8, 9))
+    assert [fates[n].fate for n in (10, 11)] == [Fate.CONFIRMED] * 2
+    # Every batch answered once, the chain's in the order handed over.
+    by_batch = [sorted(o.ref for o in outcomes) for outcomes in answers]
+    assert sorted(by_batch) == [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11]]
+    chain = [b for b in by_batch if b[0] < 10]
+    assert chain == [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    channel = broker._channel
+    arrived = []
+    while True:
+        method, _props, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        arrived.append(int(body))
+    assert sorted(arrived) == [1, 2, 3, 4, 5, 10, 11]
+    assert [n for n in arrived if n < 10] == [1, 2, 3, 4, 5]  # in order, and nothing after 6

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from relay.amqp.wire import to_outgoing
@@ -249,15 +249,18 @@ class FakeStore:
         return {seq: r.state for seq, r in self.rows.items()}
 
 
-def _as_chain(done: Done) -> Done:
-    """The real publisher's contract for a chained batch (ports.Publisher.publish): after the
-    first outcome that is not CONFIRMED, the rest were never sent (held back)."""
+def _as_chain(done: Done, chain: Hashable, broken: set[Hashable]) -> Done:
+    """The real publisher's contract for a chain (ports.Publisher.publish): after the first
+    outcome that is not CONFIRMED, the rest of the chain was never sent (held back), in this
+    batch and in the chain's later ones (answered in the order they were handed over)."""
 
     def answer(outcomes: list[Outcome]) -> None:
         chained: list[Outcome] = []
         for o in outcomes:
-            if chained and chained[-1].fate is not Fate.CONFIRMED:
+            if chain in broken:
                 o = Outcome(o.ref, Fate.NOT_SENT, "held back", held_back=True)
+            elif o.fate is not Fate.CONFIRMED:
+                broken.add(chain)
             chained.append(o)
         done(chained)
 
@@ -274,7 +277,8 @@ class FakePublisher:
     blocked: bool = False
     alive: bool = True
     held: list[tuple[Sequence[Outgoing], Done]] = field(default_factory=list)
-    chained: list[list[int]] = field(default_factory=list)  # the refs of each chained batch
+    chained: list[list[int]] = field(default_factory=list)  # the refs of each chain's batch
+    broken_chains: set[Hashable] = field(default_factory=set)
     published: list[Outgoing] = field(default_factory=list)
     stopped: bool = False
     encode = staticmethod(to_outgoing)  # the real wire format: malformed rows fail as they would
@@ -282,11 +286,13 @@ class FakePublisher:
     def start(self, timeout: float = 10.0) -> None:
         self.ready = True
 
-    def publish(self, items: Sequence[Outgoing], done: Done, *, chained: bool = False) -> None:
+    def publish(
+        self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
+    ) -> None:
         self.published.extend(items)
-        if chained:
+        if chain is not None:
             self.chained.append([i.ref for i in items])
-            done = _as_chain(done)
+            done = _as_chain(done, chain, self.broken_chains)
         if self.hold:
             self.held.append((items, done))
         else:

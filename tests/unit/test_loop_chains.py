@@ -54,22 +54,29 @@ def test_a_hot_keys_run_goes_out_chained_in_key_order_beside_the_rest() -> None:
     assert relay.in_flight == 0
 
 
-def test_a_chain_goes_a_piece_at_a_time() -> None:
+def test_a_chain_is_handed_over_whole_and_takes_one_piece_of_the_window() -> None:
     store = FakeStore()
     count = chains.PIECE * 2 + 3
     store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
+    store.add(*(make_claimed(seq) for seq in range(100, 140)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=500, max_unconfirmed=256)
+    window = chains.PIECE * 2 + 8
+    relay, _ = make_relay(store, publisher, batch_size=500, max_unconfirmed=window)
     relay.run_once()
-    assert [len(items) for items, _ in publisher.held] == [chains.PIECE]  # one out at a time
-    for _ in range(3):
-        publisher.confirm_held()
-        relay.run_once()
     assert publisher.chained == [
         list(range(1, chains.PIECE + 1)),
         list(range(chains.PIECE + 1, 2 * chains.PIECE + 1)),
         list(range(2 * chains.PIECE + 1, count + 1)),
     ]
+    # Only the chain's first piece can be confirmed and unmarked at once: the rest of the
+    # window goes to the rows beside it.
+    beside = [i.ref for i in publisher.published if i.ref >= 100]
+    assert len(beside) == window - chains.PIECE
+    publisher.confirm_held()
+    relay.run_once()
+    relay.run_once()
+    publisher.confirm_held()
+    relay.run_once()
     assert set(store.states().values()) == {"published"}
 
 
@@ -96,7 +103,11 @@ def test_after_a_failure_the_rest_of_the_chain_is_given_back_unsent() -> None:
     assert [s for s in range(4, count + 1) if states[s] != "pending"] == []
     assert [s for s in range(4, count + 1) if store.rows[s].released != 1] == []
     assert store.releases == [(list(range(4, count + 1)), chains.HELD_BACK)]
-    assert publisher.chained == [list(range(1, chains.PIECE + 1))]  # the next piece never went
+    # The second piece was handed over with the first, and held back whole.
+    assert publisher.chained == [
+        list(range(1, chains.PIECE + 1)),
+        list(range(chains.PIECE + 1, count + 1)),
+    ]
     assert states[100] == "published"  # beside the chain, nothing changes
     assert released == count - 3
     assert relay.in_flight == 0
@@ -141,15 +152,17 @@ def test_a_malformed_row_holds_back_the_rest_of_its_chain() -> None:
 
 def test_stopping_gives_back_the_chains_not_handed_over() -> None:
     store = ReleasingStore()
-    count = chains.PIECE + 4
-    store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
+    store.add(*(make_claimed(seq, key="a") for seq in range(1, 41)))
+    store.add(*(make_claimed(seq, key="b") for seq in range(41, 81)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher)
+    # Room for one chain's piece: the second chain waits for the first one's.
+    relay, _ = make_relay(store, publisher, max_unconfirmed=chains.PIECE + 8)
     relay.run_once()
+    assert {ref for refs in publisher.chained for ref in refs} == set(range(1, 41))
     relay.request_stop()
     publisher.confirm_held()
     relay.run()
     states = store.states()
-    assert [s for s in range(1, chains.PIECE + 1) if states[s] != "published"] == []
-    assert [s for s in range(chains.PIECE + 1, count + 1) if states[s] != "pending"] == []
+    assert [s for s in range(1, 41) if states[s] != "published"] == []
+    assert [s for s in range(41, 81) if states[s] != "pending"] == []
     assert relay.in_flight == 0
