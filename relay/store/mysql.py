@@ -52,7 +52,7 @@ def _plus(seconds: str, base: str = NOW) -> str:
 
 
 # The lists bound as expanding parameters, in every statement here.
-LISTS = ("seqs", "tokens", "exclude", "states", "keys", "ids", "relays")
+LISTS = ("seqs", "tokens", "exclude", "states", "lasts", "ids", "relays")
 
 # `exchange || '/' || routing_key` is a logical OR here.
 RESOURCE_PARTS: Mapping[str, str] = {
@@ -171,10 +171,12 @@ SELECT EXISTS (
 
 # ------------------------------------------------------------------------ settling
 
-# The keys of the rows about to be marked (read before MARK_PUBLISHED clears their lease).
+# The keyed rows about to be marked, locked, with their keys (read before MARK_PUBLISHED clears
+# their lease): MARK_PUBLISHED then publishes exactly these.
 KEYS_OF = """
-SELECT DISTINCT `key` FROM outbox_message
+SELECT seq, `key` FROM outbox_message
 WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight' AND `key` IS NOT NULL
+FOR UPDATE
 """
 
 # Lease-guarded: see postgres.MARK_PUBLISHED.
@@ -185,20 +187,30 @@ SET state = 'published', published_at = {NOW}, last_error = NULL,
 WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight'
 """  # noqa: S608
 
-# The next message of each of :keys, unparked if it is parked: the key's first pending row (one
-# index probe per key), not its first parked one, which would need every pending row of the key
-# read. If the first pending row is not parked, the key's next message is already claimable and
-# nothing changes. The derived table is materialised (it groups), which is what lets MySQL
-# update the table it reads.
+# Unparking, as postgres.MARK_PUBLISHED does, after MARK_PUBLISHED in the same transaction (the
+# rows it published block nothing any more): for each key just published, its first pending
+# message after the highest seq published (:lasts; the key is read from that row), one probe of
+# outbox_message_key_state_idx, unparked when it is parked and a head ({head}: is_head). That is
+# PostgreSQL's rule: when the key's next message in a blocking state is not that pending one but
+# an earlier row (in flight, dead), the head check fails on that row; and a pending row is found
+# by a probe of its own state, where one over every blocking state would read and sort the rest
+# of a hot key's line. While a run is in flight nothing is unparked. The derived tables are
+# materialised (the inner one is DISTINCT), which is what lets MySQL update the table they read.
 UNPARK_NEXT = """
-UPDATE outbox_message AS m
+UPDATE outbox_message AS t
 JOIN (
-    SELECT min(seq) AS seq FROM outbox_message
-    WHERE `key` IN :keys AND state = 'pending'
-    GROUP BY `key`
-) AS n ON m.seq = n.seq
-SET m.held = false
-WHERE m.held
+    SELECT n.seq FROM (
+        SELECT DISTINCT d.`key`, (SELECT p.seq FROM outbox_message AS p
+                                  FORCE INDEX (outbox_message_key_state_idx)
+                                  WHERE p.key = d.key AND p.state = 'pending' AND p.seq > d.seq
+                                  ORDER BY p.seq LIMIT 1) AS seq
+        FROM outbox_message AS d
+        WHERE d.seq IN :lasts
+    ) AS n
+    WHERE {head}
+) AS u ON t.seq = u.seq
+SET t.held = false
+WHERE t.held AND t.state = 'pending'
 """
 
 # See postgres.RELEASE.
@@ -446,7 +458,7 @@ class Mysql(Dialect):
         self._claimed = sql(CLAIMED, CLAIMED_COLUMNS)
         self._keys_of = sql(KEYS_OF)
         self._mark = sql(MARK_PUBLISHED)
-        self._unpark_next = sql(UNPARK_NEXT)
+        self._unpark_next = sql(UNPARK_NEXT.format(head=is_head("n", blocking=blocking)))
         self._held = sql(HELD, {"seq": BigInteger(), "id": UUID, "attempts": Integer()})
         self._settle_one = sql(SETTLE_ONE)
         self._record_attempt = sql(RECORD_ATTEMPT)
@@ -609,10 +621,12 @@ class Mysql(Dialect):
 
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
-            keys = list(conn.execute(self._keys_of, params).scalars())
+            lasts: dict[str, int] = {}  # per key, the highest seq about to be published
+            for seq, key in conn.execute(self._keys_of, params):
+                lasts[key] = max(seq, lasts.get(key, seq))
             marked = conn.execute(self._mark, params).rowcount
-            if keys:
-                conn.execute(self._unpark_next, {"keys": keys})
+            if lasts:
+                conn.execute(self._unpark_next, {"lasts": list(lasts.values())})
         return int(marked)
 
     def settle_failures(

@@ -14,7 +14,9 @@ from sqlalchemy import Engine, select, update
 
 import outbox
 from outbox.schema import message
-from relay.store.sql_store import SqlStore
+from relay.core.failures import Classified, FailureClass
+from relay.core.policy import Dead
+from relay.store.sql_store import SqlStore, open_store
 from tests.conftest import states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -35,6 +37,13 @@ def seqs_of(engine: Engine, key: str | None) -> list[int]:
     with engine.connect() as conn:
         query = select(message.c.seq).where(where).order_by(message.c.seq)
         return list(conn.execute(query).scalars())
+
+
+def parked(engine: Engine, seqs: list[int]) -> list[int]:
+    """Those of `seqs` that are parked (held), in order."""
+    with engine.connect() as conn:
+        query = select(message.c.seq, message.c.held).where(message.c.seq.in_(seqs))
+        return sorted(seq for seq, held in conn.execute(query) if held)
 
 
 def claim(store: SqlStore, limit: int, **kwargs: Any) -> tuple[uuid.UUID, list[int]]:
@@ -153,3 +162,65 @@ def test_two_claims_never_share_a_keys_messages(app_engine: Engine, store: SqlSt
     _, second = claim(store, 10, run=64)
     assert first == seqs[:3]
     assert second == []
+
+
+def claim_a_run_and_park_the_rest(
+    store: SqlStore, app_engine: Engine
+) -> tuple[uuid.UUID, list[int]]:
+    """Ten messages of one key: the head and a run of three in flight, the other six parked by a
+    second claim. The lease, and the key's seqs."""
+    seqs = enqueue_key(app_engine, "k", 10)
+    token, got = claim(store, 10, run=3)
+    assert got == seqs[:4]
+    assert claim(store, 10, run=3)[1] == []
+    assert parked(app_engine, seqs) == seqs[4:]
+    return token, seqs
+
+
+def test_marking_a_runs_first_pieces_unparks_nothing(app_engine: Engine, store: SqlStore) -> None:
+    token, seqs = claim_a_run_and_park_the_rest(store, app_engine)
+    # The key's next message in a blocking state is the run's third, in flight: the fifth stays
+    # parked, and no claim has to park it again.
+    assert store.mark_published(token, seqs[:2]) == 2
+    assert parked(app_engine, seqs) == seqs[4:]
+    assert claim(store, 10, run=3)[1] == []
+    # The run's last piece: the fifth is the key's next message, and a head.
+    assert store.mark_published(token, seqs[2:4]) == 2
+    assert parked(app_engine, seqs) == seqs[5:]
+    _, again = claim(store, 10, run=3)
+    assert again == seqs[4:8]  # the fifth as head, with its run
+    assert states(app_engine) == {"published": 4, "in_flight": 4, "pending": 2}
+
+
+def test_a_message_after_the_rows_marked_stays_parked_behind_an_earlier_one(
+    app_engine: Engine, store: SqlStore
+) -> None:
+    token, seqs = claim_a_run_and_park_the_rest(store, app_engine)
+    # The run's last two confirmed first: the fifth comes next, but the first two still block it.
+    assert store.mark_published(token, seqs[2:4]) == 2
+    assert parked(app_engine, seqs) == seqs[4:]
+    assert store.mark_published(token, seqs[:2]) == 2
+    # The next blocking message after the second is the fifth (the third and fourth are
+    # published): a head now.
+    assert parked(app_engine, seqs) == seqs[5:]
+    assert claim(store, 10, run=3)[1] == seqs[4:8]
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["hold", "skip"])
+def test_a_dead_message_of_a_run_holds_the_next_one_parked_only_with_hold(
+    db_url: str, app_engine: Engine, store: SqlStore, hold: bool
+) -> None:
+    opened = open_store(db_url, hold_dead_keys=hold)
+    try:
+        token, seqs = claim_a_run_and_park_the_rest(opened, app_engine)
+        failure = Classified(FailureClass.REJECTED, "rejected")
+        assert opened.settle_failures(token, [Dead(seqs[1], failure, "no")], relay_id="r") == 1
+        assert opened.mark_published(token, seqs[:1]) == 1
+        assert parked(app_engine, seqs) == seqs[4:]  # the second is dead, the third in flight
+        assert opened.mark_published(token, seqs[2:4]) == 2
+        # Behind the dead second (dead_key="hold") the fifth stays parked, and nothing is claimed;
+        # with "skip" it is the key's head.
+        assert parked(app_engine, seqs) == (seqs[4:] if hold else seqs[5:])
+        assert claim(opened, 10, run=3)[1] == ([] if hold else seqs[4:8])
+    finally:
+        opened.close()
