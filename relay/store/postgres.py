@@ -40,8 +40,8 @@ from relay.store.estimates import TableStats, shares
 # each other: a row another relay is claiming right now is simply not a candidate.
 #
 # Per-key order: a keyed row is claimed only while no earlier row of its key blocks it
-# (common.is_head), so at most one message per key is in flight across all relays and a failing
-# message holds back only its own key. A keyed row found to have an earlier blocking one is
+# (common.is_head), or in its head's run (below), so one relay at a time holds a key's messages,
+# and a failing message holds back only its own key. A keyed row found to have an earlier blocking one is
 # *parked* (held = true): it leaves the ready index, so a key with thousands of messages queued
 # behind its head costs later claims nothing. MARK_PUBLISHED unparks the next message of each key
 # it settles; common.unpark_sweep catches every other way a key comes free. At most :scan keyed
