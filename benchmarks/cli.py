@@ -274,16 +274,7 @@ def _phase(
     n = len(payloads)
 
     def purge_after(fn: Callable[[], Any]) -> Any:
-        try:
-            value = fn()
-        except BaseException:
-            broker.purge()
-            raise
-        # Every confirmed message was routed to the queue: purging them counts them.
-        arrived = broker.purge()
-        if arrived != n:
-            raise RuntimeError(f"{phase}: {arrived} messages in the queue, expected {n}")
-        return value
+        return _purged(broker, fn, n, phase)
 
     if phase == "ceiling":
         _say(f"ceiling: raw pika, confirms, window {args.window}{tag} ...")
@@ -384,6 +375,18 @@ def _phase(
         _add_drain(results, phase, r)
 
 
+def _purged(broker: BenchBroker, fn: Callable[[], Any], expected: int, what: str) -> Any:
+    """`fn()`, then the queue purged, which counts what arrived: every confirmed message was
+    routed to it, so anything but `expected` is a failure of the phase."""
+    try:
+        value = fn()
+    finally:
+        arrived = broker.purge()
+    if arrived != expected:
+        raise RuntimeError(f"{what}: {arrived} messages in the queue, expected {expected}")
+    return value
+
+
 def _hot_key(
     tag: str,
     args: argparse.Namespace,
@@ -397,25 +400,17 @@ def _hot_key(
     then published by raw pika one confirm at a time."""
     limit = min(HOT_KEY, len(payloads))
 
-    def counted(fn: Callable[[], Any], expected: int, what: str) -> Any:
-        try:
-            value = fn()
-        finally:
-            arrived = broker.purge()
-        if arrived != expected:
-            raise RuntimeError(f"{what}: {arrived} messages in the queue, expected {expected}")
-        return value
-
     for key, keys in (("hot-unkeyed", 0), ("hot-1", 1), ("hot-4", 4)):
         db.restore(limit=limit, keys=keys)
         _quiesce()
         _say(f"{FIGURES[key]}, {limit} messages, in-process{tag} ...")
         drain = functools.partial(drain_in_process, db, args.amqp, timeout=args.timeout)
-        _add_drain(results, key, counted(drain, limit, key))
+        _add_drain(results, key, _purged(broker, drain, limit, key))
     _quiesce()
     _say(f"{FIGURES['hot-serial']}, {limit // 4} messages{tag} ...")
     props = [message_properties(uuid.uuid4(), now) for _ in range(limit // 4)]
-    serial: CeilingResult = counted(
+    serial: CeilingResult = _purged(
+        broker,
         lambda: measure_serial(
             args.amqp, broker.exchange, ROUTING_KEY, payloads[: limit // 4], props
         ),

@@ -5,7 +5,6 @@ the work."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import defaultdict
 
@@ -14,12 +13,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import outbox
-from relay.core.policy import RetryPolicy
 from tests.conftest import Broker, RelayFactory, states, wait_until
+from tests.integration.test_ordering import FAST_RETRIES, Arrivals
 
 pytestmark = pytest.mark.integration
-
-FAST_RETRIES = RetryPolicy(base=0.05, cap=0.3, floor=0.01, max_attempts=1000)
 
 
 @pytest.mark.xdist_group("heavy")
@@ -58,28 +55,14 @@ def test_hot_keys_keep_their_order_through_rejections_in_mid_run(
                 sent[cold].append(0)
     relays = [relay_factory(db_url, policy=FAST_RETRIES) for _ in range(2)]
     total = len(ids)
-    order: dict[str, list[int]] = defaultdict(list)
-    seen: set[str] = set()
-
-    def drain() -> bool:
-        channel = broker._channel  # the fixture's own channel, on the test thread
-        for _ in range(20):  # a slow consumer: the queue stays near full, so nacks go on
-            method, props, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
-            seen.add(props.message_id)
-            payload = json.loads(body)
-            if "key" in payload:
-                assert props.headers["x-outbox-key"] == payload["key"]
-                order[payload["key"]].append(payload["n"])
-        return len(seen) >= total
-
-    wait_until(drain, timeout=150, interval=0.005, what=f"{total} distinct messages")
+    arrivals = Arrivals(broker, queue)
+    # A slow consumer: the queue stays near full, so nacks go on.
+    wait_until(
+        lambda: arrivals.drain(at_most=20) >= total,
+        timeout=150,
+        interval=0.005,
+        what=f"{total} distinct messages",
+    )
     wait_until(lambda: states(app_engine) == {"published": total}, timeout=30, what="published")
-
-    assert seen == {str(i) for i in ids}
-    for key, arrived in order.items():
-        # At-least-once allows a repeat, never a step back.
-        assert arrived == sorted(arrived), f"{key} arrived out of order: {arrived}"
-        assert sorted(set(arrived)) == sent[key]
+    arrivals.check(ids, sent)
     assert sum(r.summary.retried for r in relays) > 0, "the scenario must include rejections"

@@ -21,6 +21,41 @@ pytestmark = pytest.mark.integration
 FAST_RETRIES = RetryPolicy(base=0.05, cap=0.3, floor=0.01, max_attempts=1000)
 
 
+class Arrivals:
+    """What a queue received, read on the broker fixture's own channel (the test's thread):
+    every message id, and each key's payload numbers (`{"key": k, "n": n}`) in arrival order."""
+
+    def __init__(self, broker: Broker, queue: str) -> None:
+        self._channel = broker._channel
+        self._queue = queue
+        self.seen: set[str] = set()
+        self.order: dict[str, list[int]] = defaultdict(list)
+
+    def drain(self, at_most: int | None = None) -> int:
+        """Take what is there (at most `at_most`); return how many distinct ids arrived."""
+        taken = 0
+        while at_most is None or taken < at_most:
+            method, props, body = self._channel.basic_get(self._queue, auto_ack=True)
+            if method is None:
+                break
+            taken += 1
+            self.seen.add(props.message_id)
+            payload = json.loads(body)
+            if "key" in payload:
+                assert props.headers["x-outbox-key"] == payload["key"]
+                self.order[payload["key"]].append(payload["n"])
+        return len(self.seen)
+
+    def check(self, ids: list[uuid.UUID], sent: dict[str, list[int]]) -> None:
+        """Every id arrived; every key's in order, all of them. At-least-once allows a repeat,
+        never a step back: a later message of a key is only sent once every earlier one is
+        published."""
+        assert self.seen == {str(i) for i in ids}
+        for key, arrived in self.order.items():
+            assert arrived == sorted(arrived), f"{key} arrived out of order: {arrived}"
+            assert sorted(set(arrived)) == sent[key]
+
+
 @pytest.mark.xdist_group("heavy")
 def test_three_relays_keep_per_key_order_while_publishes_fail_and_are_retried(
     pg_url: str, pg_engine: Engine, broker: Broker, relay_factory: RelayFactory
@@ -52,31 +87,15 @@ def test_three_relays_keep_per_key_order_while_publishes_fail_and_are_retried(
                     outbox.enqueue(session, exchange=exchange, routing_key="o", payload={"u": u})
                 )
     total = len(ids)
-    order: dict[str, list[int]] = defaultdict(list)
-    seen: set[str] = set()
-
-    def drain() -> bool:
-        channel = broker._channel  # the fixture's own channel, on the test thread
-        while True:
-            method, props, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
-            seen.add(props.message_id)
-            payload = json.loads(body)
-            if "key" in payload:
-                assert props.headers["x-outbox-key"] == payload["key"]
-                order[payload["key"]].append(payload["n"])
-        return len(seen) >= total
-
-    wait_until(drain, timeout=120, interval=0.01, what=f"{total} distinct messages")
+    arrivals = Arrivals(broker, queue)
+    wait_until(
+        lambda: arrivals.drain() >= total,
+        timeout=120,
+        interval=0.01,
+        what=f"{total} distinct messages",
+    )
     wait_until(lambda: states(pg_engine) == {"published": total}, timeout=30, what="published")
-
-    assert seen == {str(i) for i in ids}
-    for key, arrived in order.items():
-        # At-least-once allows a repeat, never a step back: a later message of a key is only
-        # sent once every earlier one is published.
-        assert arrived == sorted(arrived), f"{key} arrived out of order: {arrived}"
-        assert sorted(set(arrived)) == sent[key]
+    arrivals.check(ids, sent)
     retried = sum(r.summary.retried for r in relays)
     assert retried > 0, "the scenario must include broker rejections"
     assert all(r.summary.published > 0 for r in relays), "every relay took part"
