@@ -4,6 +4,9 @@ relay its broker connection.
 
     python -m tests.chaos [--messages 50000] [--only NAME,...] [--databases postgresql,mariadb]
 
+--only takes name prefixes: `--only "hot keys"` runs the hot-key faults (3 keys with 80% of the
+traffic), `--only relay` only "relay SIGKILL x10".
+
 Every fault runs on each database in turn (PostgreSQL, then MariaDB), the relay and the writers
 on a schema or database of their own.
 """
@@ -16,7 +19,7 @@ import time
 
 from tests.chaos import mid_drain, run
 
-BROKER, DB = {"broker": True}, {"db": True}
+BROKER, DB, HOT = {"broker": True}, {"db": True}, {"hot": True}
 
 
 def scenarios() -> list[tuple[str, run.Fault, dict[str, bool]]]:
@@ -29,6 +32,15 @@ def scenarios() -> list[tuple[str, run.Fault, dict[str, bool]]]:
         ("broker restart x2", run.restart_broker(2), {}),
         ("memory alarm 5 s", run.memory_alarm(5.0), {}),
         ("poison rows x80", run.poison_rows(80, every=0.4), {"steady": True}),
+        # Hot keys (run.HOT): 3 keys carry 80% of the messages, at run.HOT_RATE (the same 50 s
+        # of traffic: --messages scaled down). Each fault leaves hundreds to thousands waiting
+        # behind each of them, which the relay drains as runs (128 at most, sent one message per
+        # confirm), killed or cut in the middle of them.
+        ("hot keys: relay SIGKILL mid-run x6", run.kill_mid_run(6, between=(0.0, 1.5)), HOT),
+        ("hot keys: broker cut x3", run.cut("broker", 3, down=4.0, up=6.0), HOT | BROKER),
+        ("hot keys: database cut x3", run.cut("db", 3, down=5.0, up=8.0), HOT | DB),
+        # A chain sends one message per confirm round trip: each is slowed, not just the batch.
+        ("hot keys: slow broker (+20 ms/chunk)", run.slow_broker(0.02, 20.0), HOT | BROKER),
     ]
 
 
@@ -61,22 +73,30 @@ def main() -> int:
         notes.append(mid_drain.note(row))
         print(f"chaos: {row.fault}: {'ok' if row.ok else 'FAILED'} "
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
-    for database, (name, fault, proxies) in ((d, s) for d in databases for s in scenarios()):
+    for database, (name, fault, options) in ((d, s) for d in databases for s in scenarios()):
         if wanted and not any(name.startswith(w) for w in wanted):
             continue
+        hot = options.get("hot", False)
+        rate = run.HOT_RATE if hot else run.RATE
+        messages = round(args.messages * rate / run.RATE)  # the same length of traffic
         started = time.monotonic()
-        print(f"chaos: {name} on {database}, {args.messages:,} messages ...", flush=True)
+        print(f"chaos: {name} on {database}, {messages:,} messages ...", flush=True)
         row = run.run(
             name,
             fault,
-            messages=args.messages,
+            messages=messages,
+            rate=rate,
             settle_timeout=300,
-            proxy_broker=proxies.get("broker", False),
-            proxy_db=proxies.get("db", False),
-            steady_connection=proxies.get("steady", False),
+            proxy_broker=options.get("broker", False),
+            proxy_db=options.get("db", False),
+            steady_connection=options.get("steady", False),
             database=database,
+            keys=run.HOT if hot else run.UNIFORM,
         )
         rows.append(row)
+        note = run.hot_note(row)
+        if note is not None:
+            notes.append(note)
         print(f"chaos: {row.fault}: {'ok' if row.ok else 'FAILED'} "
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
         if not row.ok:

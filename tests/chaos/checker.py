@@ -39,6 +39,8 @@ class DeliveryChecker:
     _order: dict[str, list[str]] = field(default_factory=dict)  # key -> ids in commit order
     _rolled_back: set[str] = field(default_factory=set)
     _received: list[str] = field(default_factory=list)
+    _arrived: set[str] = field(default_factory=set)  # _received without its repeats
+    _in_order: dict[str, int] = field(default_factory=dict)  # key -> its first ids all arrived
 
     def committed(self, message_id: str, key: str | None) -> None:
         """Call after the transaction committed (per key, from one writer, in commit order)."""
@@ -54,11 +56,23 @@ class DeliveryChecker:
     def received(self, message_id: str) -> None:
         with self._lock:
             self._received.append(message_id)
+            self._arrived.add(message_id)
 
     def all_received(self, ids: set[str] | None = None) -> bool:
         """Whether every committed message (or every one of `ids`) has arrived."""
         with self._lock:
-            return (set(self._committed) if ids is None else ids) <= set(self._received)
+            return (self._committed.keys() if ids is None else ids) <= self._arrived
+
+    def backlog(self, key: str) -> int:
+        """Messages of `key` committed and not arrived yet, counted from the first of them that
+        has not arrived: what waits behind the key's head."""
+        with self._lock:
+            ids = self._order.get(key, [])
+            n = self._in_order.get(key, 0)
+            while n < len(ids) and ids[n] in self._arrived:
+                n += 1
+            self._in_order[key] = n
+            return len(ids) - n
 
     @property
     def received_count(self) -> int:

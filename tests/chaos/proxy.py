@@ -66,6 +66,12 @@ class TcpProxy:
             except OSError:
                 client.close()
                 continue
+            # Each chunk goes on at once, as the endpoints send it (both set TCP_NODELAY). With
+            # Nagle here, a write behind one not yet acknowledged waits for the peer's delayed
+            # ACK: ~15 ms on every message of a chain (one message per confirm); a hot key
+            # drained at ~65 messages/s through the proxy, 300-500/s past it.
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._pairs.append((client, upstream))
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()

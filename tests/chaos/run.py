@@ -14,6 +14,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
-from sqlalchemy import Engine, bindparam, create_engine, text
+from sqlalchemy import Engine, bindparam, create_engine, func, select, sql, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
@@ -58,6 +59,9 @@ class Row:
     poisoned: int = 0  # rows spoiled by the fault (never to be delivered)
     poison_dead: int = 0  # of those, how many ended dead
     held_at_kill: int | None = None  # kill mid-drain: rows the killed relay held in flight
+    keys: Keys | None = None  # hot keys: how the traffic was spread over keys
+    hot_backlog: int = 0  # hot keys: the most messages seen waiting behind one of them
+    kills_in_flight: tuple[int, ...] = ()  # kill mid-run: hot keys' rows each killed relay held
 
     @property
     def ok(self) -> bool:
@@ -157,21 +161,73 @@ class Consumer:
                 time.sleep(0.5)  # the broker went away: connect again
 
 
+@dataclass(frozen=True)
+class Keys:
+    """How the writers spread their messages over ordering keys: the `hot` keys carry `hot_share`
+    of all messages between them, each written by a writer thread of its own at its part of the
+    rate; the rest go round the `cold` keys, which the usual writers share out as before."""
+
+    cold: int = 200
+    hot: int = 0
+    hot_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.cold < 1 or self.hot < 0 or not 0.0 <= self.hot_share < 1.0:
+            raise ValueError(f"bad key mix {self}")
+        if (self.hot == 0) != (self.hot_share == 0.0):
+            raise ValueError(f"hot keys and their share go together: {self}")
+
+    @property
+    def hot_names(self) -> list[str]:
+        return [f"hot{h}" for h in range(self.hot)]
+
+
+RATE = 1000.0  # messages/s the writers commit in all, unless a scenario says otherwise
+UNIFORM = Keys()
+# 3 keys with 80% of the traffic, at HOT_RATE: 160 messages/s each. Sent one message per broker
+# confirm, a hot key drained at 1,100-2,400/s with the machine to itself (a committed backlog, no
+# writers), but at 300-500/s beside a run's writers, consumer and checker on 2 CPUs: at RATE it
+# would get 267/s and gain only ~50/s on a backlog, behind for the whole run. At 160/s a 4 s
+# broker cut leaves ~800 behind each (six runs), drained within seconds of the relay's return.
+HOT = Keys(hot=3, hot_share=0.8)
+HOT_RATE = 600.0
+
+
+@dataclass(frozen=True)
+class _Plan:
+    keys: list[str]  # this writer's keys (no other writer has any of them), taken in turn
+    count: int  # transactions (committed and rolled back)
+    pause: float  # seconds between them: this writer's share of the rate
+
+
 class Writers:
     """Application threads committing one keyed message per transaction; each key belongs to one
     writer, so a key's commit order is its enqueue order. Every `rollback_every`th transaction
-    rolls back (its message must never arrive)."""
+    rolls back (its message must never arrive). With hot keys (`keys`), each hot key has a writer
+    of its own, paced at its share of the traffic, beside the `writers` that share the cold
+    keys."""
 
     def __init__(
         self, engine: Engine, exchange: str, checker: DeliveryChecker, *, total: int,
-        writers: int = 4, keys: int = 200, rollback_every: int = 25, rate: float = 1000.0,
+        writers: int = 4, keys: Keys = UNIFORM, rollback_every: int = 25, rate: float = RATE,
     ) -> None:  # fmt: skip
         self.engine, self.exchange, self.checker = engine, exchange, checker
-        self.total, self.writers, self.keys = total, writers, keys
+        self.total, self.keys = total, keys
         self.rollback_every = rollback_every
-        self.pause = writers / rate  # each writer's share of the rate: traffic spans the faults
+        # Each writer's share of the rate paces it, so the traffic spans the faults.
+        hot_total = round(total * keys.hot_share)
+        cold_rate = rate * (1.0 - keys.hot_share)
+        self.plans = [
+            _Plan([f"k{k}" for k in range(keys.cold) if k % writers == w],
+                  (total - hot_total) // writers, writers / cold_rate)
+            for w in range(writers)
+        ] + [
+            _Plan([name], hot_total // keys.hot, keys.hot / (rate * keys.hot_share))
+            for name in keys.hot_names
+        ]  # fmt: skip
         self._threads = [
-            threading.Thread(target=self._write, args=(w,), daemon=True) for w in range(writers)
+            threading.Thread(target=self._write, args=(w,), daemon=True)
+            for w in range(len(self.plans))
         ]
         self.errors: list[str] = []
 
@@ -188,13 +244,12 @@ class Writers:
         return not any(t.is_alive() for t in self._threads)
 
     def _write(self, w: int) -> None:
-        my_keys = [f"k{k}" for k in range(self.keys) if k % self.writers == w]
-        share = self.total // self.writers
+        plan = self.plans[w]
         next_at = time.monotonic()
-        for n in range(share):
-            next_at += self.pause
+        for n in range(plan.count):
+            next_at += plan.pause
             time.sleep(max(0.0, next_at - time.monotonic()))
-            key = my_keys[n % len(my_keys)]
+            key = plan.keys[n % len(plan.keys)]
             rollback = n % self.rollback_every == self.rollback_every - 1
             try:
                 with Session(self.engine) as session, session.begin() as tx:
@@ -215,6 +270,32 @@ class Writers:
                     self.checker.committed(message_id, key)
             except Exception as exc:
                 self.errors.append(repr(exc))
+
+
+class BacklogWatch:
+    """Samples, every `every` seconds, how many messages wait behind each of `keys` (committed,
+    not yet arrived in order: checker.backlog) and keeps the largest: whether a fault really
+    held a hot key back by more than one run."""
+
+    def __init__(self, checker: DeliveryChecker, keys: Sequence[str], every: float = 0.05) -> None:
+        self.checker, self.keys, self.every = checker, list(keys), every
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-backlog")
+
+    def start(self) -> None:
+        if self.keys:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            for key in self.keys:
+                self.peak = max(self.peak, self.checker.backlog(key))
 
 
 @contextlib.contextmanager
@@ -277,15 +358,16 @@ class Context:
     exchange: str = ""
     poisoned: set[str] = field(default_factory=set)  # ids of rows a fault spoiled
     database: str = "postgresql"
+    kills_in_flight: list[int] = field(default_factory=list)  # kill_mid_run: what each held
 
 
 Fault = Callable[[Context], None]
 
 
 def run(
-    name: str, fault: Fault, *, messages: int, rate: float = 1000.0, proxy_broker: bool = False,
+    name: str, fault: Fault, *, messages: int, rate: float = RATE, proxy_broker: bool = False,
     proxy_db: bool = False, settle_timeout: float = 120.0, workdir: Path | None = None,
-    steady_connection: bool = False, database: str = "postgresql",
+    steady_connection: bool = False, database: str = "postgresql", keys: Keys = UNIFORM,
 ) -> Row:  # fmt: skip
     checker = DeliveryChecker()
     workdir = workdir or Path(os.environ.get("TMPDIR", "/tmp"))
@@ -299,13 +381,15 @@ def run(
         relay = Relay(relay_db, relay_amqp, workdir / f"chaos-{slug}-{uuid.uuid4().hex[:6]}.log")
         consumer = Consumer(queue, checker)
         consumer.start()
-        writers = Writers(engine, exchange, checker, total=messages, rate=rate)
+        writers = Writers(engine, exchange, checker, total=messages, rate=rate, keys=keys)
+        backlog = BacklogWatch(checker, keys.hot_names)
         ctx = Context(
             relay, broker_proxy, db_proxy, writers=writers, engine=engine, exchange=exchange,
             database=database,
         )  # fmt: skip
         relay.start()
         writers.start()
+        backlog.start()
         try:
             fault(ctx)
             fault_over = time.monotonic()
@@ -323,6 +407,7 @@ def run(
                 time.sleep(0.1)
             time.sleep(0.5)  # a late duplicate or a leaked rollback would show up now
         finally:
+            backlog.stop()
             relay.stop()
             consumer.stop()
             for proxy in (broker_proxy, db_proxy):
@@ -344,7 +429,20 @@ def run(
             steady_connection=steady_connection,
             poisoned=len(ctx.poisoned),
             poison_dead=len(dead & ctx.poisoned),
+            keys=keys if keys.hot else None,
+            hot_backlog=backlog.peak,
+            kills_in_flight=tuple(ctx.kills_in_flight),
         )
+
+
+def one_after_another(*faults: Fault) -> Fault:
+    """Each fault in turn."""
+
+    def fault(ctx: Context) -> None:
+        for each in faults:
+            each(ctx)
+
+    return fault
 
 
 def kill_relay(kills: int, between: tuple[float, float] = (0.3, 1.5)) -> Fault:
@@ -354,6 +452,54 @@ def kill_relay(kills: int, between: tuple[float, float] = (0.3, 1.5)) -> Fault:
         for _ in range(kills):
             time.sleep(ctx.rng.uniform(*between))
             ctx.relay.kill()
+            ctx.relay.start()
+
+    return fault
+
+
+# Quoted by each dialect as it needs (`key` is a reserved word on MariaDB).
+_MESSAGES = sql.table(
+    "outbox_message", sql.column("state"), sql.column("lease_owner"), sql.column("key")
+)
+
+
+def _hot_in_flight(engine: Engine, relay_id: str, hot: list[str]) -> int:
+    """The hot keys' rows relay `relay_id` holds in flight (its id is the default, HOSTNAME:PID)."""
+    m = _MESSAGES.c
+    held = select(func.count()).where(
+        m.state == "in_flight", m.lease_owner == relay_id, m.key.in_(hot)
+    )
+    with engine.connect() as conn:
+        return int(conn.execute(held).scalar_one())
+
+
+def kill_mid_run(
+    kills: int, between: tuple[float, float], rows: int = 100, wait: float = 15.0
+) -> Fault:
+    """SIGKILL the relay `kills` times, restarting it each time: each kill after a pause of
+    `between` seconds, then once the relay holds at least `rows` messages of the hot keys in
+    flight (its runs: the kill lands in the middle of their chains) or `wait` seconds have
+    passed, then up to 0.25 s more (a run of 128 takes about 0.3 s here), so it hits any part of
+    a chain. What each killed relay held is in ctx.kills_in_flight."""
+
+    def fault(ctx: Context) -> None:
+        assert ctx.engine is not None
+        assert ctx.writers is not None
+        hot = ctx.writers.keys.hot_names
+        for _ in range(kills):
+            time.sleep(ctx.rng.uniform(*between))
+            process = ctx.relay.process
+            assert process is not None
+            relay_id = f"{socket.gethostname()}:{process.pid}"
+            deadline = time.monotonic() + wait
+            while _hot_in_flight(ctx.engine, relay_id, hot) < rows:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            time.sleep(ctx.rng.uniform(0.0, 0.25))
+            ctx.relay.kill()
+            # Its rows stay in flight until a relay takes them back (3 s): all there to count.
+            ctx.kills_in_flight.append(_hot_in_flight(ctx.engine, relay_id, hot))
             ctx.relay.start()
 
     return fault
@@ -459,6 +605,20 @@ def poison_rows(count: int, every: float) -> Fault:
             ctx.poisoned.add(str(message_id))
 
     return fault
+
+
+def hot_note(row: Row) -> str | None:
+    """What the table's columns do not say about a hot-key run, or None for any other."""
+    if row.keys is None:
+        return None
+    kills = ""
+    if row.kills_in_flight:
+        held = ", ".join(str(n) for n in row.kills_in_flight)
+        kills = f"; the relays killed held {held} of their messages in flight"
+    return (
+        f"{row.fault}: {row.keys.hot} hot keys carried {row.keys.hot_share:.0%} of the "
+        f"messages; at most {row.hot_backlog:,} waited behind one of them{kills}"
+    )
 
 
 def table(rows: list[Row]) -> str:

@@ -2,7 +2,8 @@
 plus a broker restart and a memory alarm, which touch the whole broker). The faults that reach
 the database (a killed relay mid-lease, a cut database connection, spoiled rows) run on MariaDB
 too; the broker's faults do not involve the database and run on PostgreSQL only. A relay killed
-mid-drain runs on PostgreSQL with every setting at its default."""
+mid-drain runs on PostgreSQL with every setting at its default. Hot keys (most of the traffic on 3
+keys, drained as runs) go through kills and both cuts in one test, on each database."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.loop.chains import RUN
 from tests.chaos import mid_drain, run
 
 # Full-speed relays under faults: one at a time beside the light tests (--dist loadgroup).
@@ -82,3 +84,40 @@ def test_a_relay_killed_mid_drain_is_taken_over_by_its_heartbeat_not_its_lease(
     # What was sent again is at most what the killed relay held: never the whole backlog.
     assert row.held_at_kill is not None
     assert row.report.duplicated <= row.held_at_kill
+
+
+@pytest.mark.parametrize(
+    "database", ["postgresql", "mariadb"], ids=["hot-keys", "hot-keys-mariadb"]
+)
+def test_hot_keys_keep_their_order_through_kills_and_cuts(
+    database: str, amqp_url: str, request: pytest.FixtureRequest, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """3 keys with 80% of the traffic: each fault leaves several runs waiting behind each, and
+    the relay is killed (its runs in flight) and cut off in the middle of publishing them."""
+    if database == "mariadb":
+        request.getfixturevalue("mysql_admin")
+    messages = 10_800  # 18 s of traffic at run.HOT_RATE, through the faults
+    fault = run.one_after_another(
+        run.kill_mid_run(3, between=(0.0, 1.0)),
+        run.cut("broker", 1, down=2.0, up=1.5),
+        run.cut("db", 1, down=2.0, up=1.5),
+    )
+    row = run.run(
+        "hot keys: relay SIGKILL mid-run x3, broker cut, database cut",
+        fault,
+        messages=messages,
+        rate=run.HOT_RATE,
+        keys=run.HOT,
+        settle_timeout=60,
+        workdir=tmp_path,
+        proxy_broker=True,
+        proxy_db=True,
+        database=database,
+    )
+    with capsys.disabled():
+        print(f"\n{run.table([row])}\n{run.hot_note(row)}")
+    logs = "".join(p.read_text()[-3000:] for p in tmp_path.glob("chaos-*.log"))
+    assert row.report.committed > 0.9 * messages
+    assert row.ok, (row, logs)
+    assert row.hot_backlog > RUN, row  # the faults held the hot keys back by more than a run
