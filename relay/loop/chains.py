@@ -50,7 +50,7 @@ def pieces(chain: Iterable[Claimed], size: int = PIECE) -> list[list[Claimed]]:
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def answered(lease: Lease, chunk: Chunk, finished: Finished) -> None:
+def answered(lease: Lease, chunk: Chunk, finished: Finished, now: float) -> None:
     """A piece of a chain came back. If a message of it was not confirmed, the chain ended
     there: its held-back messages (of this piece, and of the pieces after it, which come back
     held back whole) leave `finished`, as they were never sent and there is nothing to settle,
@@ -62,9 +62,21 @@ def answered(lease: Lease, chunk: Chunk, finished: Finished) -> None:
     if out > 0:
         lease.busy[key] = out
         finished.frees = False  # the chain goes on: nothing new to claim for it yet
+        after = next((c for c in lease.chunks.values() if c.chain == key and not c.answered), None)
+        if after is not None:
+            after.sent_at = now  # its messages go out from now on (overdue() counts from here)
     else:
         lease.busy.pop(key, None)
     held = [o.ref for o in finished.outcomes if o.held_back]
     if held:
         finished.outcomes = [o for o in finished.outcomes if not o.held_back]
         lease.give_back.extend(held)
+
+
+def overdue(chunk: Chunk, now: float, life: float) -> bool:
+    """Whether the publisher has held `chunk` too long. A piece of a chain is sent one message
+    per confirm from the moment the piece before it was answered: its first message gets the
+    whole `life`, each further one a third of it (what the default life gives one confirm)."""
+    if chunk.chain is not None:
+        life += (len(chunk.seqs) - 1) * life / 3
+    return now - chunk.sent_at > life

@@ -185,7 +185,7 @@ class Relay:
             chunk = None if lease is None else lease.chunks.get(event.chunk)
             if lease is not None and chunk is not None and not chunk.answered:
                 chunk.answered = True
-                chains.answered(lease, chunk, event)
+                chains.answered(lease, chunk, event, self._clock())
                 self.settler.add(event)
             # else: given up as overdue, or given back, before the publisher answered: the
             # answer changes nothing.
@@ -207,11 +207,16 @@ class Relay:
         no attempt is charged; the publisher's late answer, if any, is ignored."""
         life = self.config.max_batch_life
         for lease in list(self._leases.values()):
+            fronts: set[str] = set()  # chains whose piece being sent was looked at
             for number, chunk in list(lease.chunks.items()):
                 if chunk.answered:
                     continue  # being written
-                if now - chunk.sent_at <= life:
-                    break  # handed over in order: the rest are younger
+                if chunk.chain is not None:
+                    if chunk.chain in fronts:
+                        continue  # waits for the piece before it, which is looked at
+                    fronts.add(chunk.chain)
+                if not chains.overdue(chunk, now, life):
+                    continue
                 chunk.answered = True
                 why = f"no outcome from the publisher within {life:g} s"
                 outcomes = [
@@ -221,7 +226,7 @@ class Relay:
                 ]
                 log.error("relay.batch_overdue", extra={"messages": len(outcomes), "error": why})
                 finished = Finished(lease.token, outcomes, number)
-                chains.answered(lease, chunk, finished)
+                chains.answered(lease, chunk, finished, now)
                 self.settler.add(finished)
 
     def _give_back_all(self) -> None:

@@ -41,11 +41,11 @@ from relay.store.estimates import TableStats, shares
 #
 # Per-key order: a keyed row is claimed only while no earlier row of its key blocks it
 # (common.is_head), or in its head's run (below), so one relay at a time holds a key's messages,
-# and a failing message holds back only its own key. A keyed row found to have an earlier blocking one is
-# *parked* (held = true): it leaves the ready index, so a key with thousands of messages queued
-# behind its head costs later claims nothing. MARK_PUBLISHED unparks the next message of each key
-# it settles; common.unpark_sweep catches every other way a key comes free. At most :scan keyed
-# candidates are looked at per claim.
+# and a failing message holds back only its own key. A keyed row found to have an earlier
+# blocking one is *parked* (held = true): it leaves the ready index, so a key with thousands of
+# messages queued behind its head costs later claims nothing. MARK_PUBLISHED unparks the next
+# message of each key it settles; common.unpark_sweep catches every other way a key comes free.
+# At most :scan keyed candidates are looked at per claim.
 #
 # Resources ({resource}: the row's part of its resource name, common.RESOURCE_PARTS): rows of the
 # resources in :exclude (open circuits, rate-limited destinations) are passed by, so they never

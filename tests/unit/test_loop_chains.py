@@ -166,3 +166,30 @@ def test_stopping_gives_back_the_chains_not_handed_over() -> None:
     assert [s for s in range(1, 41) if states[s] != "published"] == []
     assert [s for s in range(41, 81) if states[s] != "pending"] == []
     assert relay.in_flight == 0
+
+
+def test_a_chain_piece_is_overdue_only_for_its_own_messages_from_its_turn() -> None:
+    """A piece's messages go one per confirm, and only once the piece before it is answered:
+    a slow but live chain is not given up, and its second piece's time starts at its turn."""
+    store = FakeStore()
+    count = chains.PIECE * 2
+    store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
+    publisher = FakePublisher(hold=True)
+    relay, clock = make_relay(store, publisher, confirm_timeout=1.0, batch_life=3.0)
+    relay.run_once()
+    assert len(publisher.held) == 2
+    # Past the life of a batch, well within what 32 confirms one after another may take.
+    clock.now += 3.0 * 2
+    relay.run_once()
+    held = publisher.held
+    first, second = held
+    publisher.held = [second]
+    first[1]([publisher.decide(i) for i in first[0]])
+    clock.now += 3.0 * 2  # the second piece's turn began just now
+    relay.run_once()
+    assert [store.rows[s].state for s in (1, count)] == ["published", "in_flight"]
+    assert store.history == []
+    clock.now += 3.0 * (1 + (chains.PIECE - 1) / 3) + 1  # now past its whole allowance
+    relay.run_once()
+    relay.run_once()
+    assert (count, "test", "Retry") in store.history  # given up as unconfirmed: sent again
