@@ -89,7 +89,11 @@ def drain_in_process(
     (through `db_url` when given: the same database, other connection options)."""
     expected = db.restored
     config = RelayConfig(db_url=db_url or db.url, amqp_url=amqp_url, relay_id="bench-in-process")
-    store = open_store(config.db_url)
+    # As the runner opens it: statement timeout, no commit waits for the disk, no JIT, prepared
+    # statements on a direct connection.
+    store = open_store(
+        config.db_url, statement_timeout=config.statement_timeout, relaxed_commit=True
+    )
     publisher_cls = _ProfiledPublisher if profile_dir is not None else Publisher
     publisher = publisher_cls(
         config.amqp_url, confirm_timeout=config.confirm_timeout, name="outbox-relay bench"

@@ -225,6 +225,9 @@ class Dialect(ABC):
     # crash loses can only make a message published again (same message_id), never lost: the
     # application's own commit of the row stays synchronous. A claim then waits for no disk.
     relaxed_commit: ClassVar[str | None] = None
+    # On the relay loop's connections, where the connection is direct (no pooler between, see
+    # `pooled`): after how many runs a statement is prepared on the server. None: never.
+    prepare_direct: ClassVar[int | None] = None
     # The driver-level statement that sets a statement timeout (one parameter: milliseconds, as
     # text), where the database has one.
     statement_timeout: ClassVar[str | None] = None

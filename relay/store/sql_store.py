@@ -490,6 +490,9 @@ def make_engine(
     engine = create_engine(url, json_deserializer=load_stored_json, **options)
     timeout_sql = dialect.statement_timeout if statement_timeout is not None else None
     relaxed_sql = dialect.relaxed_commit if relaxed_commit else None
+    # The loop's statements prepared on the server, on a direct connection only, unless the URL
+    # says otherwise (Dialect.prepare_direct).
+    prepare = dialect.prepare_direct if relaxed_commit and not driver_args else None
     if dialect.on_connect or timeout_sql or relaxed_sql:
         ms = str(max(1, round((statement_timeout or 0) * 1000)))
 
@@ -510,6 +513,8 @@ def make_engine(
                 cursor.execute(dialect.timeout_sql(dbapi_conn) or timeout_sql, (ms,))
             if relaxed_sql:
                 cursor.execute(relaxed_sql)
+            if prepare is not None:
+                dbapi_conn.prepare_threshold = prepare
             cursor.close()
 
         event.listen(engine, "connect", session_settings)

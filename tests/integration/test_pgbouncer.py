@@ -175,7 +175,7 @@ def test_a_bad_prepare_threshold_exits_2_in_one_line(
     assert "prepare_threshold must be None" in line
 
 
-def test_relay_engines_prepare_nothing_unless_the_url_says_so(
+def test_relay_engines_prepare_only_on_a_direct_connection_of_the_loop_or_as_the_url_says(
     pg_url: str, pg_engine: Engine
 ) -> None:
     for query, expected in (
@@ -191,6 +191,22 @@ def test_relay_engines_prepare_nothing_unless_the_url_says_so(
                 assert dbapi.prepare_threshold == expected
                 # The URL's other parameters still reach the driver (the test's schema).
                 assert conn.exec_driver_sql("SHOW search_path").scalar() == pg_schema(pg_url)
+        finally:
+            engine.dispose()
+    # The relay loop's own engine prepares on a direct connection (a claim is planned once),
+    # unless the URL says otherwise.
+    for query, expected in (
+        ("", 2),
+        ("&prepare_threshold=None", None),
+        ("&prepare_threshold=3", 3),
+    ):
+        engine = make_engine(pg_url + query, relaxed_commit=True)
+        try:
+            with engine.connect() as conn:
+                dbapi = conn.connection.driver_connection
+                assert isinstance(dbapi, psycopg.Connection)
+                assert dbapi.prepare_threshold == expected
+                assert conn.exec_driver_sql("SHOW jit").scalar() == "off"
         finally:
             engine.dispose()
     # The wake-up listener builds a libpq conninfo from the URL, where the parameter would be
@@ -239,9 +255,12 @@ def test_prepared_statements_fail_through_pgbouncer_and_the_relay_makes_none(
         for store in stores:
             store.close()
 
-    # The relay's own: the same from three stores on three threads each, without an error.
-    stores = [open_store(migrated.url) for _ in range(3)]
+    # The relay's own, opened as the runner opens the loop's (which prepares statements on a
+    # direct connection): the same from three stores on three threads each, without an error.
+    stores = [open_store(migrated.url, relaxed_commit=True) for _ in range(3)]
     try:
+        with stores[0].engine.connect() as conn:  # a pooled connection: nothing prepared
+            assert conn.connection.driver_connection.prepare_threshold is None  # type: ignore[union-attr]
 
         def work(i: int) -> None:
             store = stores[i % len(stores)]
