@@ -41,7 +41,7 @@ from relay.amqp.nodes import Node, broker_nodes
 from relay.amqp.tls import TlsOptions
 from relay.amqp.untraced import basic_publish, suppress_instrumentation, wrapped_pika
 from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
-from relay.core.outcome import Fate, Outcome
+from relay.core.outcome import HELD_BACK, Fate, Outcome
 from relay.core.urls import redact
 from relay.errors import BrokerUnavailable, plain_broker_error
 from relay.ports import Claimed, Done, Outgoing
@@ -376,7 +376,7 @@ class Publisher:
             batch.done([])
             return
         if batch.chain is not None and batch.chain in self._broken:
-            self._hold_back(batch, 0, "held back: an earlier message of its key was not confirmed")
+            self._hold_back(batch, 0, HELD_BACK)
             batch.done([o for o in batch.outcomes if o is not None])
             return
         if self._conn is None or not self._conn.is_open or self._stopping:
@@ -396,10 +396,7 @@ class Publisher:
         for i, item in enumerate(batch.items):
             if chan is None or chan.exchange != item.exchange:
                 chan = self._chan(item.exchange)
-            if chan.channel is None:
-                chan.queued.append((batch, i))
-            else:
-                self._send(chan, batch, i)
+            self._send_or_queue(chan, batch, i)
 
     def _next_in_chain(self, batch: _Batch, i: int) -> None:
         """Send message `i` of a chained batch (the one before it was confirmed). Straight from
@@ -410,9 +407,11 @@ class Publisher:
             self._settle(batch, i, outcome)
             return
         batch.sent_at = time.monotonic()  # the confirm timeout counts from this message's send
-        chan = self._chan(batch.items[i].exchange)
+        self._send_or_queue(self._chan(batch.items[i].exchange), batch, i)
+
+    def _send_or_queue(self, chan: _Chan, batch: _Batch, i: int) -> None:
         if chan.channel is None:
-            chan.queued.append((batch, i))
+            chan.queued.append((batch, i))  # sent once the channel is in confirm mode
         else:
             self._send(chan, batch, i)
 
@@ -485,7 +484,7 @@ class Publisher:
         if confirmed and i + 1 < len(batch.items):
             self._next_in_chain(batch, i + 1)
             return
-        why = f"held back: an earlier message of its key was not confirmed ({outcome.fate})"
+        why = f"{HELD_BACK} ({outcome.fate})"
         if not confirmed:
             self._hold_back(batch, i + 1, why)
             self._broken[batch.chain] = None

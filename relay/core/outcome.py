@@ -28,3 +28,6 @@ class Outcome:
     # Never sent because the message before it in its chain (its key's run) was not confirmed:
     # given back unsent, behind that one, rather than settled as a failure of its own.
     held_back: bool = False
+
+
+HELD_BACK = "held back: an earlier message of its key was not confirmed"

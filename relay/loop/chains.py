@@ -27,7 +27,6 @@ RUN = 128
 # one is confirmed, so this is also what a relay killed mid-chain leaves confirmed and unmarked
 # (and what a chain takes of the publisher's window, whatever its length).
 PIECE = 32
-HELD_BACK = "held back: an earlier message of its key was not confirmed"
 
 
 def split(rows: Sequence[Claimed]) -> tuple[list[Claimed], dict[str, deque[Claimed]]]:
@@ -58,15 +57,10 @@ def answered(lease: Lease, chunk: Chunk, finished: Finished, now: float) -> None
     key = chunk.chain
     if key is None:
         return
-    out = lease.busy.get(key, 1) - 1
-    if out > 0:
-        lease.busy[key] = out
-        finished.frees = False  # the chain goes on: nothing new to claim for it yet
-        after = next((c for c in lease.chunks.values() if c.chain == key and not c.answered), None)
-        if after is not None:
-            after.sent_at = now  # its messages go out from now on (overdue() counts from here)
-    else:
-        lease.busy.pop(key, None)
+    after = next((c for c in lease.chunks.values() if c.chain == key and not c.answered), None)
+    if after is not None:  # the chain goes on: nothing new to claim for it yet
+        finished.frees = False
+        after.sent_at = now  # its messages go out from now on (overdue() counts from here)
     held = [o.ref for o in finished.outcomes if o.held_back]
     if held:
         finished.outcomes = [o for o in finished.outcomes if not o.held_back]

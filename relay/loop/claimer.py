@@ -23,7 +23,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from relay.core.outcome import Fate, Outcome
+from relay.core.outcome import HELD_BACK, Fate, Outcome
 from relay.loop import chains
 from relay.loop.circuits import ResourceGuard
 from relay.loop.counts import Counts
@@ -239,15 +239,13 @@ class Claimer:
         for lease in list(leases.values()):
             for key, rest in list(lease.chains.items()):
                 pieces = chains.pieces(rest, self._piece)
-                if key in lease.busy or len(pieces[0]) > room:
+                if len(pieces[0]) > room:
                     continue
                 del lease.chains[key]
-                lease.busy[key] = len(pieces)
                 room -= len(pieces[0])
                 for n, piece in enumerate(pieces):
                     if not self._publish(lease, piece, now, chain=key):
                         # A row that cannot be built cut the chain: what follows it waits.
-                        lease.busy[key] = n + 1
                         lease.give_back.extend(row.seq for p in pieces[n + 1 :] for row in p)
                         break
         for lease in list(leases.values()):
@@ -299,7 +297,7 @@ class Claimer:
             # with (dead-lettered as malformed), so those are held back.
             first = min(o.ref for o in broken)
             kept = [item for item in items if item.ref < first]
-            held = [Outcome(i.ref, Fate.NOT_SENT, chains.HELD_BACK, held_back=True)
+            held = [Outcome(i.ref, Fate.NOT_SENT, HELD_BACK, held_back=True)
                     for i in items if i.ref > first]  # fmt: skip
             broken = [o for o in broken if o.ref == first] + held
             items = kept

@@ -37,10 +37,9 @@ class Lease:
     spans: dict[int, Span] = field(default_factory=dict)  # send spans, when tracing is on
     sent_at: float | None = None  # clock time its first chunk was handed over (None: not yet)
     suspect: bool = False  # suspects claimed apart: nothing else may be in flight with them
-    # Hot keys' runs (relay/loop/chains.py): the rows of each key's chain not handed over yet,
-    # the keys with pieces at the publisher, and rows to give back unsent (a chain that broke).
+    # Hot keys' runs (relay/loop/chains.py): the rows of each key's chain not handed over yet
+    # (a chain is handed over whole), and rows to give back unsent (a chain that broke).
     chains: dict[str, deque[Claimed]] = field(default_factory=dict)
-    busy: dict[str, int] = field(default_factory=dict)  # pieces at the publisher, per key
     give_back: list[int] = field(default_factory=list)
 
     @property

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from relay.core.outcome import Fate, Outcome
+from relay.core.outcome import HELD_BACK, Fate, Outcome
 from relay.errors import DatabaseUnavailable
 from relay.loop import chains
 from relay.loop.circuits import ResourceGuard
@@ -168,9 +168,6 @@ class Relay:
                 self._handle(self._inbox.get_nowait())
             except queue.Empty:
                 break
-        if not self._stopping:
-            # Before the writes: a chain whose piece was just confirmed goes on at once.
-            self.claimer.pump(self._clock())
         try:
             if self.settler.settle(counts):
                 # Settling can make new rows claimable (the next message of each key whose
@@ -324,7 +321,7 @@ class Relay:
         (no attempt charged). Kept for the next pass if the database fails."""
         for lease in list(self._leases.values()):
             if lease.give_back:
-                counts.released += self._release(lease, list(lease.give_back), chains.HELD_BACK)
+                counts.released += self._release(lease, list(lease.give_back), HELD_BACK)
 
     def _release(self, lease: Lease, seqs: list[int], why: str) -> int:
         """Give back these unsent rows of `lease`, and forget them; 0 if the database fails."""

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pika
-from sqlalchemy import Engine, bindparam, create_engine, func, select, sql, text
+from sqlalchemy import Engine, bindparam, create_engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox.schema import UUID
+from outbox.schema import UUID, message
 from tests.chaos.checker import DeliveryChecker, Report
 from tests.chaos.proxy import TcpProxy
 
@@ -457,15 +457,9 @@ def kill_relay(kills: int, between: tuple[float, float] = (0.3, 1.5)) -> Fault:
     return fault
 
 
-# Quoted by each dialect as it needs (`key` is a reserved word on MariaDB).
-_MESSAGES = sql.table(
-    "outbox_message", sql.column("state"), sql.column("lease_owner"), sql.column("key")
-)
-
-
 def _hot_in_flight(engine: Engine, relay_id: str, hot: list[str]) -> int:
     """The hot keys' rows relay `relay_id` holds in flight (its id is the default, HOSTNAME:PID)."""
-    m = _MESSAGES.c
+    m = message.c
     held = select(func.count()).where(
         m.state == "in_flight", m.lease_owner == relay_id, m.key.in_(hot)
     )

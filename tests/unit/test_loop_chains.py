@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from relay.core.outcome import Fate, Outcome
+from relay.core.outcome import HELD_BACK, Fate, Outcome
 from relay.loop import chains
 from relay.ports import Outgoing
 from tests.unit.fakes import FakePublisher, FakeStore, make_claimed
@@ -102,7 +102,7 @@ def test_after_a_failure_the_rest_of_the_chain_is_given_back_unsent() -> None:
     assert [s for (s, *_) in store.history if s > 3] == []
     assert [s for s in range(4, count + 1) if states[s] != "pending"] == []
     assert [s for s in range(4, count + 1) if store.rows[s].released != 1] == []
-    assert store.releases == [(list(range(4, count + 1)), chains.HELD_BACK)]
+    assert store.releases == [(list(range(4, count + 1)), HELD_BACK)]
     # The second piece was handed over with the first, and held back whole.
     assert publisher.chained == [
         list(range(1, chains.PIECE + 1)),
@@ -130,7 +130,7 @@ def test_a_chain_given_back_while_the_database_is_down_is_given_back_later() -> 
     assert store.releases == []  # the database failed: the rows stay held, under lease
     assert relay.in_flight == 3
     relay.run_once()
-    assert store.releases == [([3, 4, 5], chains.HELD_BACK)]
+    assert store.releases == [([3, 4, 5], HELD_BACK)]
     assert relay.in_flight == 0
 
 
@@ -147,7 +147,7 @@ def test_a_malformed_row_holds_back_the_rest_of_its_chain() -> None:
     assert states[2] == "dead"  # malformed: dead-lettered with its reason
     assert states[3] == "pending"  # never sent before the row ahead of it was dealt with
     assert [i.ref for i in publisher.published] == [1]
-    assert store.releases == [([3], chains.HELD_BACK)]
+    assert store.releases == [([3], HELD_BACK)]
 
 
 def test_stopping_gives_back_the_chains_not_handed_over() -> None:
