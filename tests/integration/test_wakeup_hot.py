@@ -152,8 +152,12 @@ def test_the_relays_own_commits_wait_for_no_disk_and_others_do(pg_url: str) -> N
     try:
         for store, expected in ((relaxed, "off"), (plain, "on")):
             with store.engine.connect() as conn:
-                value = conn.exec_driver_sql("SHOW synchronous_commit").scalar()
-            assert value == expected
+                settings = [
+                    conn.exec_driver_sql(f"SHOW {name}").scalar()
+                    for name in ("synchronous_commit", "jit", "enable_seqscan")
+                ]
+            # The loop's own connections also plan no JIT and no sequential scan.
+            assert settings == [expected] * 3
     finally:
         relaxed.close()
         plain.close()
