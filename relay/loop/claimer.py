@@ -143,6 +143,11 @@ class Claimer:
         self._db_backoff = 0.0
         if claimed:
             self._empty = 0
+            if claimed < limit:
+                # It took all there was: the next look comes after the shortest wait, not at
+                # once. A look at once finds nothing, and its work holds the GIL just as the
+                # publisher's thread wakes to send what this claim handed it.
+                self._next_claim = now + config.min_poll_interval
             return
         # Adaptive polling: right after work, look again within milliseconds (more is probably
         # coming); each empty look doubles the wait, up to poll_interval.

@@ -102,3 +102,20 @@ def test_a_failing_database_backs_claims_off_longer_each_time_until_a_claim_work
         now[0] += waits[-1]
     assert waits == pytest.approx([0.1, 0.2, 0.4])
     assert relay.run_once().claimed == 1
+
+
+def test_a_claim_that_took_all_there_was_looks_again_after_the_shortest_wait_not_at_once() -> None:
+    # A look at once finds nothing, and its work would hold the GIL just as the publisher's
+    # thread wakes to send what the claim handed it (the latency of every quiet message).
+    now = [1000.0]
+    store = FakeStore()
+    store.add(make_claimed(1))
+    cfg = RelayConfig(db_url="sqlite://", relay_id="t", batch_size=10)
+    relay = wire_relay(store, FakePublisher(hold=True), cfg, clock=lambda: now[0])
+    assert relay.run_once().claimed == 1
+    assert relay.claimer.next_turn(now[0]) - now[0] == pytest.approx(cfg.min_poll_interval)
+    # A full batch (a backlog) is followed by the next claim at once.
+    store.add(*(make_claimed(i) for i in range(2, 30)))
+    now[0] += cfg.min_poll_interval
+    counts = relay.run_once()
+    assert (counts.claimed, counts.full_batch) == (10, True)
