@@ -146,8 +146,10 @@ class Claimer:
             if claimed < limit:
                 # It took all there was: the next look comes after the shortest wait, not at
                 # once. A look at once finds nothing, and its work holds the GIL just as the
-                # publisher's thread wakes to send what this claim handed it.
+                # publisher's thread wakes to send what this claim handed it. The looks after
+                # keep their schedule (the shortest wait, then twice as long each time).
                 self._next_claim = now + config.min_poll_interval
+                self._empty = 1
             return
         # Adaptive polling: right after work, look again within milliseconds (more is probably
         # coming); each empty look doubles the wait, up to poll_interval.

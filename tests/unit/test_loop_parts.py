@@ -119,3 +119,19 @@ def test_a_claim_that_took_all_there_was_looks_again_after_the_shortest_wait_not
     now[0] += cfg.min_poll_interval
     counts = relay.run_once()
     assert (counts.claimed, counts.full_batch) == (10, True)
+
+
+def test_the_looks_after_a_claim_that_took_all_there_was_double_their_wait() -> None:
+    now = [1000.0]
+    store = FakeStore()
+    store.add(make_claimed(1))
+    cfg = RelayConfig(db_url="sqlite://", relay_id="t", batch_size=10)
+    relay = wire_relay(store, FakePublisher(hold=True), cfg, clock=lambda: now[0])
+    assert relay.run_once().claimed == 1
+    looks = []
+    for _ in range(4):
+        now[0] = relay.claimer.next_turn(now[0])
+        looks.append(now[0] - 1000.0)
+        assert relay.run_once().claimed == 0
+    shortest = cfg.min_poll_interval
+    assert looks == pytest.approx([shortest, 3 * shortest, 7 * shortest, 15 * shortest])
