@@ -65,6 +65,7 @@ from benchmarks.fixtures import (
 )
 from benchmarks.insert_cost import measure_insert_cost
 from benchmarks.wakeup import measure_wakeup
+from relay.loop import chains
 from relay.ports import Outgoing
 
 PHASES = (
@@ -255,9 +256,15 @@ FIGURES = {
     "hot-1": "one hot key",
     "hot-4": "four hot keys",
     "hot-serial": "raw pika, one confirm at a time",
+    "hot-publisher": "relay Publisher alone, one key's chain",
 }
 # The hot-key figures, and what each is a ratio to (the table's last column says which).
-HOT_BASE = {"hot-1": "hot-unkeyed", "hot-4": "hot-unkeyed", "hot-serial": "hot-unkeyed"}
+HOT_BASE = {
+    "hot-1": "hot-unkeyed",
+    "hot-4": "hot-unkeyed",
+    "hot-serial": "hot-unkeyed",
+    "hot-publisher": "hot-unkeyed",
+}
 DIAG = ("store", "publisher")
 
 
@@ -360,19 +367,24 @@ def _phase(
         _hot_key(tag, args, db, broker, payloads, now, results)
     elif phase == "publisher":
         _say(f"diagnostic: relay.Publisher only, pre-built messages{tag} ...")
-        items = [
-            Outgoing(
-                i,
-                str(uuid.uuid4()),
-                broker.exchange,
-                ROUTING_KEY,
-                payloads[i],
-                message_properties(uuid.uuid4(), now),
-            )
-            for i in range(n)
-        ]
+        items = _outgoing(broker, payloads[:n], now)
         r = purge_after(lambda: publish_only(args.amqp, items, timeout=args.timeout))
         _add_drain(results, phase, r)
+
+
+def _outgoing(broker: BenchBroker, payloads: Sequence[bytes], now: float) -> list[Outgoing]:
+    """The messages as the relay would hand them to its publisher, built before any clock runs."""
+    return [
+        Outgoing(
+            i,
+            str(uuid.uuid4()),
+            broker.exchange,
+            ROUTING_KEY,
+            body,
+            message_properties(uuid.uuid4(), now),
+        )
+        for i, body in enumerate(payloads)
+    ]
 
 
 def _purged(broker: BenchBroker, fn: Callable[[], Any], expected: int, what: str) -> Any:
@@ -420,6 +432,20 @@ def _hot_key(
     row = _add(results, "hot-serial", serial.rate)
     row.extras.append(f"{serial.seconds:.2f} s")
     _say(f"  {_fmt_rate(serial.rate)} ({serial.seconds:.2f} s)")
+    # The relay's own publishing path on the same bound: what the relay would reach with nothing
+    # of its loop (claims, marks) beside the chain.
+    _quiesce()
+    _say(f"{FIGURES['hot-publisher']}, {limit // 4} messages{tag} ...")
+    items = _outgoing(broker, payloads[: limit // 4], now)
+    chained = _purged(
+        broker,
+        lambda: publish_only(
+            args.amqp, items, batch_size=chains.PIECE, chain=True, timeout=args.timeout
+        ),
+        limit // 4,
+        "hot-publisher",
+    )
+    _add_drain(results, "hot-publisher", chained)
 
 
 def _add(results: dict[str, Row], key: str, rate: float) -> Row:
