@@ -301,11 +301,12 @@ class Claimer:
 
         if chain is not None and broken:
             # A row of the chain cannot be built: nothing after it may go before it is dealt
-            # with (dead-lettered as malformed), so those are held back.
+            # with (dead-lettered as malformed), so every row after it is held back, built or
+            # not (a later malformed one is dealt with once it is the key's head).
             first = min(o.ref for o in broken)
             kept = [item for item in items if item.ref < first]
-            held = [Outcome(i.ref, Fate.NOT_SENT, HELD_BACK, held_back=True)
-                    for i in items if i.ref > first]  # fmt: skip
+            held = [Outcome(row.seq, Fate.NOT_SENT, HELD_BACK, held_back=True)
+                    for row in rows if row.seq > first]  # fmt: skip
             broken = [o for o in broken if o.ref == first] + held
             items = kept
         if items:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
+from hypothesis import example as hypothesis_example
 from hypothesis import strategies as st
 from sqlalchemy import Engine, bindparam, select, text
 from sqlalchemy.types import Uuid
@@ -62,6 +63,9 @@ SQLITE_ONLY: list[Spoil] = [
     ("content_type", "text/\x00", "content_type"),
     ("key", b"k", "key"),
 ]
+
+
+TWO_BAD_KEYS: Spoil = ("key", b"k", "key")
 
 
 def both(n: int) -> st.SearchStrategy[str]:
@@ -178,6 +182,10 @@ def test_poison_rows_hurt_only_themselves(
         published.update(valid)
         spoiled.update(bad)
 
+    if database == "sqlite":
+        # Two rows of one key, both malformed the same way, in one claim: a chain whose first
+        # two rows cannot be built. The second used to be left in flight for ever.
+        example = hypothesis_example(rows=[TWO_BAD_KEYS, TWO_BAD_KEYS])(example)
     example()
 
     assert publisher.connections == 1, "the broker closed the relay's connection"

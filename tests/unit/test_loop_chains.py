@@ -150,6 +150,25 @@ def test_a_malformed_row_holds_back_the_rest_of_its_chain() -> None:
     assert store.releases == [([3], HELD_BACK)]
 
 
+def test_a_second_malformed_row_behind_the_first_is_held_back_not_lost() -> None:
+    # Both rows of the piece fail to build: the first is dead-lettered, and the second, like any
+    # row behind it, is given back unsent (it used to be dropped from the answer: never settled,
+    # its lease extended for ever, its key stuck behind it).
+    store = ReleasingStore()
+    store.add(*(make_claimed(seq, key="k", payload=object()) for seq in (1, 2)))
+    store.add(make_claimed(3, key="k"))
+    publisher = FakePublisher()
+    relay, _ = make_relay(store, publisher)
+    relay.run_once()
+    relay.run_once()
+    states = store.states()
+    assert states[1] == "dead"
+    assert (states[2], states[3]) == ("pending", "pending")
+    assert store.releases == [([2, 3], HELD_BACK)]
+    assert publisher.published == []
+    assert relay.in_flight == 0
+
+
 def test_stopping_gives_back_the_chains_not_handed_over() -> None:
     store = ReleasingStore()
     store.add(*(make_claimed(seq, key="a") for seq in range(1, 41)))
