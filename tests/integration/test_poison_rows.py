@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import example as hypothesis_example
 from hypothesis import strategies as st
 from sqlalchemy import Engine, bindparam, select, text
@@ -138,6 +138,9 @@ def test_poison_rows_hurt_only_themselves(
     @settings(
         max_examples=25,
         deadline=None,
+        # No shrinking: a failing example waits out its 20 s per try, and hypothesis takes the
+        # timeout's exception for one more failure to shrink, so a failure ran on for minutes.
+        phases=(Phase.explicit, Phase.reuse, Phase.generate),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(rows=rows_of(database))
