@@ -38,6 +38,8 @@ log = logging.getLogger("relay")
 _STOP = object()
 _WAKE = object()
 _DECLARED_DEAD = object()  # another relay found this one's heartbeat stopped
+# Why a row held with nothing to settle it was given back (Relay._release_orphans).
+ORPHANED = "held by the relay with nothing to settle it (a relay bug): given back"
 
 
 def utc_now() -> dt.datetime:
@@ -140,6 +142,7 @@ class Relay:
         self._give_up_overdue(now)
         upkeep = self.maintenance
         if now >= upkeep.next_upkeep:
+            counts.released += self._release_orphans()
             try:
                 upkeep.upkeep(counts, now)
             except DatabaseUnavailable as exc:
@@ -225,6 +228,23 @@ class Relay:
                 finished = Finished(lease.token, outcomes, number)
                 chains.answered(lease, chunk, finished, now)
                 self.settler.add(finished)
+
+    def _release_orphans(self) -> int:
+        """Give back rows a lease holds that nothing would ever settle: not waiting to be sent,
+        not in a chunk the publisher has or is being written, not to be given back. Only a bug
+        makes one, but it would hold its lease, extended at every upkeep, and its key behind it
+        for ever; so it is said loudly, and the row goes back (published again at worst, never
+        lost)."""
+        released = 0
+        for lease in list(self._leases.values()):
+            accounted = set(lease.unsent_seqs())
+            for chunk in lease.chunks.values():
+                accounted.update(chunk.seqs)
+            orphans = [seq for seq in lease.rows if seq not in accounted]
+            if orphans:
+                log.error("relay.orphaned_rows", extra={"messages": len(orphans)})
+                released += self._release(lease, orphans, ORPHANED)
+        return released
 
     def _give_back_all(self) -> None:
         """Another relay found this one's heartbeat stopped and took its leases (every one it

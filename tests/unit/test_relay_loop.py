@@ -215,3 +215,31 @@ def test_a_blocked_broker_is_waited_out_not_polled_in_a_loop() -> None:
     relay, _ = make_relay(store, FakePublisher(blocked=True), poll_interval=0.5)
     relay.run_once()
     assert relay._wait_time() == 0.5
+
+
+def test_a_row_held_with_nothing_to_settle_it_is_given_back_at_the_next_upkeep() -> None:
+    # The safety net under bugs like a chain's piece dropping a row from its answer: such a row
+    # kept its lease, extended at every upkeep, and its key behind it, for ever.
+    store = FakeStore()
+    store.add(*(make_claimed(i, key="k") for i in (1, 2)), make_claimed(3))
+    publisher = FakePublisher(hold=True)
+    relay, clock = make_relay(store, publisher)
+    relay.run_once()
+    assert relay.in_flight == 3
+    lease = next(iter(relay._leases.values()))
+    for chunk in lease.chunks.values():  # the bug: row 2 vanishes from what was handed over
+        if 2 in chunk.seqs:
+            chunk.seqs.remove(2)
+    counts = relay.run_once()  # no upkeep due yet: nothing is looked at
+    assert store.states()[2] == "in_flight"
+    clock.now = relay.maintenance.next_upkeep
+    counts = relay.run_once()
+    assert counts.released == 1
+    assert store.states()[2] == "pending"
+    assert relay.in_flight == 2  # the others are still the publisher's to answer
+    publisher.confirm_held()
+    relay.run_once()  # 1 and 3 are marked; 2, given back, is claimed anew and sent
+    publisher.confirm_held()
+    relay.run_once()
+    assert store.states() == dict.fromkeys((1, 2, 3), "published")
+    assert relay.in_flight == 0
