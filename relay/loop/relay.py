@@ -242,7 +242,8 @@ class Relay:
                 accounted.update(chunk.seqs)
             orphans = [seq for seq in lease.rows if seq not in accounted]
             if orphans:
-                log.error("relay.orphaned_rows", extra={"messages": len(orphans)})
+                ids = ",".join(str(lease.rows[seq].id) for seq in orphans[:10])  # to look up
+                log.error("relay.orphaned_rows", extra={"messages": len(orphans), "ids": ids})
                 released += self._release(lease, orphans, ORPHANED)
         return released
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import random
 import threading
 import time
@@ -217,7 +218,9 @@ def test_a_blocked_broker_is_waited_out_not_polled_in_a_loop() -> None:
     assert relay._wait_time() == 0.5
 
 
-def test_a_row_held_with_nothing_to_settle_it_is_given_back_at_the_next_upkeep() -> None:
+def test_a_row_held_with_nothing_to_settle_it_is_given_back_at_the_next_upkeep(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # The safety net under bugs like a chain's piece dropping a row from its answer: such a row
     # kept its lease, extended at every upkeep, and its key behind it, for ever.
     store = FakeStore()
@@ -232,9 +235,13 @@ def test_a_row_held_with_nothing_to_settle_it_is_given_back_at_the_next_upkeep()
             chunk.seqs.remove(2)
     counts = relay.run_once()  # no upkeep due yet: nothing is looked at
     assert store.states()[2] == "in_flight"
+    orphan_id = str(lease.rows[2].id)
     clock.now = relay.maintenance.next_upkeep
-    counts = relay.run_once()
+    with caplog.at_level(logging.ERROR, logger="relay"):
+        counts = relay.run_once()
     assert counts.released == 1
+    (said,) = [r for r in caplog.records if r.getMessage() == "relay.orphaned_rows"]
+    assert (said.__dict__["messages"], said.__dict__["ids"]) == (1, orphan_id)
     assert store.states()[2] == "pending"
     assert relay.in_flight == 2  # the others are still the publisher's to answer
     publisher.confirm_held()
