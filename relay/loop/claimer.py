@@ -142,14 +142,13 @@ class Claimer:
             claimed += self._claim_guarded(counts, room - claimed, now)
         self._db_backoff = 0.0
         if claimed:
-            self._empty = 0
+            # A full batch: claim again at once. Less: it took all there was, and the next look
+            # comes after the shortest wait, the looks after it twice as long each time. A look
+            # at once finds nothing, and its work holds the GIL just as the publisher's thread
+            # wakes to send what this claim handed it.
+            self._empty = 0 if claimed == limit else 1
             if claimed < limit:
-                # It took all there was: the next look comes after the shortest wait, not at
-                # once. A look at once finds nothing, and its work holds the GIL just as the
-                # publisher's thread wakes to send what this claim handed it. The looks after
-                # keep their schedule (the shortest wait, then twice as long each time).
                 self._next_claim = now + config.min_poll_interval
-                self._empty = 1
             return
         # Adaptive polling: right after work, look again within milliseconds (more is probably
         # coming); each empty look doubles the wait, up to poll_interval.

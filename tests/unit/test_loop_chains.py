@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from relay.core.outcome import HELD_BACK, Fate, Outcome
 from relay.loop import chains
+from relay.loop.relay import Relay
 from relay.ports import Outgoing
 from tests.unit.fakes import FakePublisher, FakeStore, make_claimed
 from tests.unit.test_relay_loop import make_relay
@@ -134,14 +135,20 @@ def test_a_chain_given_back_while_the_database_is_down_is_given_back_later() -> 
     assert relay.in_flight == 0
 
 
-def test_a_malformed_row_holds_back_the_rest_of_its_chain() -> None:
+def _chain_of_three(*malformed: int) -> tuple[ReleasingStore, FakePublisher, Relay]:
+    """Rows 1-3 of one key (those in `malformed` cannot be built), after two passes."""
     store = ReleasingStore()
-    store.add(make_claimed(1, key="k"), make_claimed(2, key="k", payload=object()))
-    store.add(make_claimed(3, key="k"))
+    store.add(*(make_claimed(seq, key="k", payload=object()) for seq in malformed))
+    store.add(*(make_claimed(seq, key="k") for seq in (1, 2, 3) if seq not in malformed))
     publisher = FakePublisher()
     relay, _ = make_relay(store, publisher)
     relay.run_once()
     relay.run_once()
+    return store, publisher, relay
+
+
+def test_a_malformed_row_holds_back_the_rest_of_its_chain() -> None:
+    store, publisher, _ = _chain_of_three(2)
     states = store.states()
     assert states[1] == "published"
     assert states[2] == "dead"  # malformed: dead-lettered with its reason
@@ -154,13 +161,7 @@ def test_a_second_malformed_row_behind_the_first_is_held_back_not_lost() -> None
     # Both rows of the piece fail to build: the first is dead-lettered, and the second, like any
     # row behind it, is given back unsent (it used to be dropped from the answer: never settled,
     # its lease extended for ever, its key stuck behind it).
-    store = ReleasingStore()
-    store.add(*(make_claimed(seq, key="k", payload=object()) for seq in (1, 2)))
-    store.add(make_claimed(3, key="k"))
-    publisher = FakePublisher()
-    relay, _ = make_relay(store, publisher)
-    relay.run_once()
-    relay.run_once()
+    store, publisher, relay = _chain_of_three(1, 2)
     states = store.states()
     assert states[1] == "dead"
     assert (states[2], states[3]) == ("pending", "pending")

@@ -14,6 +14,7 @@ from relay.errors import DatabaseUnavailable
 from relay.loop.counts import Counts
 from relay.loop.leases import Leases
 from relay.loop.maintenance import Maintenance
+from relay.loop.relay import Relay
 from relay.loop.wiring import wire_relay
 from relay.ports import Outgoing
 from relay.runtime.config import RelayConfig
@@ -104,15 +105,21 @@ def test_a_failing_database_backs_claims_off_longer_each_time_until_a_claim_work
     assert relay.run_once().claimed == 1
 
 
-def test_a_claim_that_took_all_there_was_looks_again_after_the_shortest_wait_not_at_once() -> None:
-    # A look at once finds nothing, and its work would hold the GIL just as the publisher's
-    # thread wakes to send what the claim handed it (the latency of every quiet message).
+def _after_a_claim_that_took_all_there_was() -> tuple[Relay, FakeStore, RelayConfig, list[float]]:
+    """A relay whose claim just took the one row there was (its clock in a list, to move)."""
     now = [1000.0]
     store = FakeStore()
     store.add(make_claimed(1))
     cfg = RelayConfig(db_url="sqlite://", relay_id="t", batch_size=10)
     relay = wire_relay(store, FakePublisher(hold=True), cfg, clock=lambda: now[0])
     assert relay.run_once().claimed == 1
+    return relay, store, cfg, now
+
+
+def test_a_claim_that_took_all_there_was_looks_again_after_the_shortest_wait_not_at_once() -> None:
+    # A look at once finds nothing, and its work would hold the GIL just as the publisher's
+    # thread wakes to send what the claim handed it (the latency of every quiet message).
+    relay, store, cfg, now = _after_a_claim_that_took_all_there_was()
     assert relay.claimer.next_turn(now[0]) - now[0] == pytest.approx(cfg.min_poll_interval)
     # A full batch (a backlog) is followed by the next claim at once.
     store.add(*(make_claimed(i) for i in range(2, 30)))
@@ -122,12 +129,7 @@ def test_a_claim_that_took_all_there_was_looks_again_after_the_shortest_wait_not
 
 
 def test_the_looks_after_a_claim_that_took_all_there_was_double_their_wait() -> None:
-    now = [1000.0]
-    store = FakeStore()
-    store.add(make_claimed(1))
-    cfg = RelayConfig(db_url="sqlite://", relay_id="t", batch_size=10)
-    relay = wire_relay(store, FakePublisher(hold=True), cfg, clock=lambda: now[0])
-    assert relay.run_once().claimed == 1
+    relay, _, cfg, now = _after_a_claim_that_took_all_there_was()
     looks = []
     for _ in range(4):
         now[0] = relay.claimer.next_turn(now[0])
