@@ -7,7 +7,7 @@ own. Nothing here is a value: every value is bound.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 # ------------------------------------------------------------------------ per-key order
 
@@ -52,8 +52,9 @@ WHERE seq IN (
 """
 
 
-def unpark_sweep(*, blocking: str) -> str:
-    return _UNPARK_SWEEP.format(head=is_head("f", blocking=blocking))
+def unpark_sweep(*, blocking: str, head: Callable[..., str] = is_head) -> str:
+    """The sweep, with a dialect's own form of `is_head` when it has one."""
+    return _UNPARK_SWEEP.format(head=head("f", blocking=blocking))
 
 
 # ------------------------------------------------------------------------ crash isolation

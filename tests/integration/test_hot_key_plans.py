@@ -1,0 +1,132 @@
+"""A hot key's statements never read its published rows (PostgreSQL), whatever the statistics say.
+
+The state is the one a burst leaves: statistics taken while every row of the table was pending on
+one key (what autovacuum's ANALYZE does in the middle of a burst), then most of the key published.
+Each statement the relay's store runs on outbox_message is EXPLAIN ANALYZEd just before it runs
+(same parameters, the relay loop's session settings, rolled back), and its scans of outbox_message
+may throw away at most as many rows as the key has in its backlog, never its published ones.
+
+The head check used to be probed along the primary key from the table's first row, through every
+published row of the key: 7 ms a claim at 5,000 published rows in a drain, and, here, a first
+claim that threw away 10 million rows (each of its 500 candidates walked the 20,000).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event
+
+from relay.loop import chains
+from relay.store.sql_store import SqlStore, open_store
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+ROWS = 20_500
+PUBLISHED = 20_000  # the first rows of the key
+BACKLOG = ROWS - PUBLISHED
+KEY = "tenant-1"
+
+_FILL = """
+INSERT INTO outbox_message (id, exchange, routing_key, payload, content_type, state, key, held,
+    attempts, available_at, created_at)
+SELECT gen_random_uuid(), 'x', 'r', '\\x7b7d'::bytea, 'application/json', 'pending', %(key)s,
+    false, 0, now() - interval '1 hour', now() - interval '1 hour'
+FROM generate_series(1, %(rows)s)
+"""
+
+
+@pytest.fixture
+def after_a_burst(pg_url: str, pg_engine: Engine) -> Iterator[SqlStore]:
+    """The relay loop's store on a table whose statistics were taken during the burst."""
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(_FILL, {"key": KEY, "rows": ROWS})
+    with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE outbox_message")
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE outbox_message SET state = 'published', published_at = now() "
+            "WHERE seq <= (SELECT min(seq) FROM outbox_message) + %(n)s - 1",
+            {"n": PUBLISHED},
+        )
+    store = open_store(pg_url, relaxed_commit=True)  # as the relay loop opens it
+    yield store
+    store.close()
+
+
+def discarded_rows(store: SqlStore, action: Callable[[SqlStore], object]) -> dict[str, int]:
+    """Run `action`; for each statement it ran on outbox_message, the rows that statement's
+    scans of outbox_message read and threw away (EXPLAIN ANALYZE just before it ran)."""
+    found: dict[str, int] = {}
+
+    def explain(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if "outbox_message" not in statement or statement.lstrip().startswith("EXPLAIN"):
+            return
+        # A connection of the loop's own engine: the same session settings (no seqscan, ...).
+        with store.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="READ COMMITTED")
+            with conn.begin() as tx:
+                (plan,) = conn.exec_driver_sql(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", params
+                ).scalar_one()
+                tx.rollback()
+        name = statement.split()[0] + " " + str(len(found))
+        found[name] = sum(
+            int(n.get("Rows Removed by Filter", 0)) * int(n.get("Actual Loops", 1))
+            for n in walk(plan["Plan"])
+            if n.get("Relation Name") == "outbox_message"
+        )
+
+    event.listen(store.engine, "before_cursor_execute", explain)
+    try:
+        action(store)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", explain)
+    assert found, "no statement on outbox_message ran"
+    return found
+
+
+def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from walk(child)
+
+
+def claim(store: SqlStore, token: uuid.UUID) -> list[int]:
+    rows = store.claim(
+        owner="r1", token=token, limit=500, lease_seconds=30.0, suspect_group=100, run=128
+    )
+    return [row.seq for row in rows]
+
+
+def test_claiming_a_hot_keys_next_run_reads_none_of_its_published_rows(
+    after_a_burst: SqlStore,
+) -> None:
+    seqs: list[int] = []
+    thrown = discarded_rows(after_a_burst, lambda s: seqs.extend(claim(s, uuid.uuid4())))
+    assert len(seqs) == 1 + chains.RUN  # the head and its run
+    assert max(thrown.values()) <= BACKLOG, thrown
+
+
+def test_marking_a_run_unparks_the_next_without_reading_the_published_rows(
+    after_a_burst: SqlStore,
+) -> None:
+    store = after_a_burst
+    token = uuid.uuid4()
+    seqs = claim(store, token)  # parks the rest of the backlog
+    thrown = discarded_rows(store, lambda s: s.mark_published(token, seqs))
+    assert max(thrown.values()) <= BACKLOG, thrown
+    # The next head was unparked: it is claimed, with its run.
+    assert len(claim(store, uuid.uuid4())) == 1 + chains.RUN
+
+
+def test_the_unpark_sweep_reads_none_of_the_published_rows(after_a_burst: SqlStore) -> None:
+    store = after_a_burst
+    token = uuid.uuid4()
+    seqs = claim(store, token)
+    store.release(token, seqs, delay_seconds=0.0, error="given back")  # nothing unparks
+    thrown = discarded_rows(store, lambda s: s.unpark_sweep())
+    assert max(thrown.values()) <= BACKLOG, thrown
