@@ -41,11 +41,13 @@ def is_head(row: str, *, blocking: str, unless: str = "") -> str:
     """common.is_head in a form only outbox_message_key_idx can answer: the key's first row in
     a blocking state, read in (key, seq) order and stopped at once, is not earlier than `row`.
 
-    As a NOT EXISTS, the planner may probe it along the primary key instead, from the table's
-    first row, through every published one: it does so when the statistics were taken during a
-    burst (every row pending, one key), and a hot key's claim then took 7 ms at 5,000 published
-    rows, growing with the table. The range on the key (not an equality) keeps the key in the
-    sort order, which no other index gives, so any other plan must read and sort the whole key."""
+    As a NOT EXISTS (or any lookup of a key's rows by seq), the planner may walk the primary key
+    instead, filtering on the key, through every published row on the way: it does when the
+    statistics were taken during a burst (every row pending, one key: the key looks like the
+    whole table). A hot key's claim then took 7 ms at 5,000 published rows, growing with the
+    table. A range on the key (not an equality, which the planner would drop from the order)
+    keeps the key in the sort order, which no other index gives: any other plan would have to
+    read and sort the whole key, so it is never chosen."""
     also = f" AND NOT ({unless})" if unless else ""
     return f"""coalesce((
         SELECT e.seq FROM outbox_message AS e
@@ -87,6 +89,9 @@ def is_head(row: str, *, blocking: str, unless: str = "") -> str:
 # any failure (relay/loop/chains.py), so a key's order holds while its backlog drains at the
 # broker's confirm pace instead of one claim-publish-mark cycle per message. :follow caps the rows
 # all runs of a claim add together.
+#
+# Every look at a key's own rows (the head check, a run, the next message in MARK_PUBLISHED) reads
+# outbox_message_key_idx in (key, seq) order, the key given as a range (is_head says why).
 #
 # The rows to lease are named by an array of seqs (one probe of the primary key each), not
 # joined, and the runs are cut at :follow by a LIMIT: the planner cannot tell how many rows the
@@ -142,8 +147,8 @@ WITH unkeyed AS (
                (e.state = 'pending' AND e.lease_expires_at IS NULL
                 AND e.available_at <= coalesce(:now, now()) {filter}) AS ok
         FROM outbox_message AS e
-        WHERE e.key = h.key AND e.seq > h.seq AND e.state IN ({blocking})
-        ORDER BY e.seq
+        WHERE e.key >= h.key AND e.key <= h.key AND e.seq > h.seq AND e.state IN ({blocking})
+        ORDER BY e.key, e.seq
         LIMIT :run
     ) AS f
     ORDER BY n
@@ -205,9 +210,10 @@ SELECT EXISTS (
 # probe of outbox_message_key_idx) is unparked when it is parked and nothing earlier blocks it
 # but what this statement publishes. While a run is in flight the next message is the run's own,
 # in flight: nothing is unparked, and no claim has to park it again. The check that nothing earlier
-# blocks runs only for a next message that is parked (`nexts` is materialized first): the planner,
-# misled by statistics from before a burst, walked the table by seq for it, through every published
-# row (7 ms per mark of a hot key's piece at 10,000 rows).
+# blocks runs only for a next message that is parked (`nexts` is materialized first). Both read
+# outbox_message_key_idx in key order (is_head): with statistics from before a burst, the planner
+# walked the table by seq for them, through the published rows (7 ms per mark of a hot key's piece
+# at 10,000 rows; to the end of the table for a key with no next message).
 MARK_PUBLISHED = """
 WITH done AS (
     UPDATE outbox_message
@@ -220,8 +226,8 @@ WITH done AS (
     FROM (SELECT key, max(seq) AS last FROM done WHERE key IS NOT NULL GROUP BY key) AS k
     CROSS JOIN LATERAL (
         SELECT n.seq, n.state, n.held FROM outbox_message AS n
-        WHERE n.key = k.key AND n.seq > k.last AND n.state IN ({blocking})
-        ORDER BY n.seq LIMIT 1
+        WHERE n.key >= k.key AND n.key <= k.key AND n.seq > k.last AND n.state IN ({blocking})
+        ORDER BY n.key, n.seq LIMIT 1
     ) AS n
     WHERE n.state = 'pending' AND n.held
 ), unparked AS (

@@ -6,6 +6,9 @@ Each statement the relay's store runs on outbox_message is EXPLAIN ANALYZEd just
 (same parameters, the relay loop's session settings, rolled back), and its scans of outbox_message
 may throw away at most as many rows as the key has in its backlog, never its published ones.
 
+Two such states: most of the key published (its next run's head check), and a key whose old
+head is followed by other keys' published rows (its run, and the next message after its head).
+
 The head check used to be probed along the primary key from the table's first row, through every
 published row of the key: 7 ms a claim at 5,000 published rows in a drain, and, here, a first
 claim that threw away 10 million rows (each of its 500 candidates walked the 20,000).
@@ -129,4 +132,39 @@ def test_the_unpark_sweep_reads_none_of_the_published_rows(after_a_burst: SqlSto
     seqs = claim(store, token)
     store.release(token, seqs, delay_seconds=0.0, error="given back")  # nothing unparks
     thrown = discarded_rows(store, lambda s: s.unpark_sweep())
+    assert max(thrown.values()) <= BACKLOG, thrown
+
+
+@pytest.fixture
+def interleaved(pg_url: str, pg_engine: Engine) -> Iterator[SqlStore]:
+    """Statistics from a burst on one key; then that key's head is an old message (being
+    retried, say) with a short backlog, behind many published messages of other keys."""
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(_FILL, {"key": KEY, "rows": ROWS})
+    with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE outbox_message")
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE outbox_message SET state = 'published', published_at = now(), "
+            "key = 'other-' || mod(seq, 50) "
+            "WHERE seq > (SELECT min(seq) FROM outbox_message) "
+            "AND seq < (SELECT min(seq) FROM outbox_message) + %(n)s",
+            {"n": PUBLISHED},
+        )
+    store = open_store(pg_url, relaxed_commit=True)
+    yield store
+    store.close()
+
+
+def test_a_keys_run_and_next_message_are_found_without_reading_other_keys_published_rows(
+    interleaved: SqlStore,
+) -> None:
+    store = interleaved
+    token = uuid.uuid4()
+    seqs: list[int] = []
+    thrown = discarded_rows(store, lambda s: seqs.extend(claim(s, token)))
+    assert len(seqs) == 1 + chains.RUN
+    assert max(thrown.values()) <= BACKLOG, thrown
+    # The head alone: the key's next message is the first of the run, far after it.
+    thrown = discarded_rows(store, lambda s: s.mark_published(token, [min(seqs)]))
     assert max(thrown.values()) <= BACKLOG, thrown
