@@ -76,6 +76,21 @@ class Store(Protocol):
         up to that many more messages of each keyed head's key, in key order, under the same
         lease (a run, published one after another; `limit` more rows at most in all)."""
 
+    def claim_run(
+        self,
+        *,
+        owner: str,
+        token: uuid.UUID,
+        after: int,
+        limit: int,
+        lease_seconds: float,
+        exclude: Sequence[str] = (),
+    ) -> list[Claimed]:
+        """Lease to `token` the next run of the key of message `after`: up to `limit` more of
+        its messages after it, in key order, as a claim's run would take them. Only while every
+        earlier unfinished message of the key is `token`'s, in flight: a chain being sent
+        goes on without waiting for its own end (relay/loop/chains.py). In seq order."""
+
     def has_ready(self, part: str) -> bool:
         """Whether a message of the resource `part` is ready to be claimed."""
 

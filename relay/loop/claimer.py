@@ -222,11 +222,55 @@ class Claimer:
     def _hold(self, token: uuid.UUID, rows: list[Claimed], now: float) -> None:
         singles, runs = chains.split(rows)
         lease = Lease(token, {r.seq: r for r in rows}, now, unsent=deque(singles), chains=runs)
+        lease.tails = chains.tails(runs)
         self._leases[token] = lease
         if rows[0].suspect:  # the store claims suspects apart from every other row
             lease.suspect = True
             self._suspect = lease
         self.pump(now)
+
+    def extend_runs(self, counts: Counts, now: float) -> None:
+        """Claim the next run of every chain that came full and is about to run out, under the
+        chain's own lease (chains.EXTEND_AT). May raise DatabaseUnavailable."""
+        publisher, config, leases = self._publisher, self._config, self._leases
+        if not publisher.ready or publisher.blocked or not self._fresh(now):
+            return
+        if self._suspect is not None:
+            return  # quarantined: nothing else goes until the suspects settle
+        exclude: Sequence[str] | None = None
+        for lease in list(leases.values()):
+            for key, tail in list(lease.tails.items()):
+                left = chains.left(lease, key)
+                if left > chains.EXTEND_AT:
+                    continue
+                if leases.in_flight >= config.max_in_flight:
+                    return
+                # Once per tail: a chain that ended (nothing left) goes the usual way, its
+                # mark unparking the key's next message for a claim.
+                del lease.tails[key]
+                if left == 0:
+                    continue
+                if exclude is None:
+                    exclude = self._guard.exclude()
+                with self._observer.loop_span("claim", limit=chains.NEXT_RUN) as span:
+                    rows = self._store.claim_run(
+                        owner=config.relay_id,
+                        token=lease.token,
+                        after=tail,
+                        limit=chains.NEXT_RUN,
+                        lease_seconds=config.lease_seconds,
+                        exclude=exclude,
+                    )
+                    if span is not None:
+                        span.set_attribute("outbox.claimed", len(rows))
+                if not rows:
+                    continue
+                counts.claimed += len(rows)
+                self._observer.claimed(len(rows))
+                lease.rows.update((row.seq, row) for row in rows)
+                lease.chains.setdefault(key, deque()).extend(rows)
+                if len(rows) == chains.NEXT_RUN:
+                    lease.tails[key] = rows[-1].seq
 
     # ----------------------------------------------------------------- sending
 
@@ -253,6 +297,7 @@ class Claimer:
                     if not self._publish(lease, piece, now, chain=key):
                         # A row that cannot be built cut the chain: what follows it waits.
                         lease.give_back.extend(row.seq for p in pieces[n + 1 :] for row in p)
+                        lease.tails.pop(key, None)
                         break
         for lease in list(leases.values()):
             if not lease.unsent:

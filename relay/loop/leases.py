@@ -41,6 +41,8 @@ class Lease:
     # (a chain is handed over whole), and rows to give back unsent (a chain that broke).
     chains: dict[str, deque[Claimed]] = field(default_factory=dict)
     give_back: list[int] = field(default_factory=list)
+    # Chains that may go on (their run came full): key -> the chain's last seq so far.
+    tails: dict[str, int] = field(default_factory=dict)
 
     @property
     def sending(self) -> int:

@@ -138,6 +138,10 @@ class Relay:
             # give them back at once, as they were claimed, rather than hold them leased.
             counts.released += self._release_unsent("the broker could not take them")
         elif not self._stopping:
+            try:
+                self.claimer.extend_runs(counts, now)  # before the chains that end run dry
+            except DatabaseUnavailable as exc:
+                self._db_failed("claim", exc)
             self.claimer.pump(now)  # what was just written made room in the window
         self._give_up_overdue(now)
         upkeep = self.maintenance

@@ -294,6 +294,16 @@ class Dialect(ABC):
         grouped, solitary, now."""
 
     @abstractmethod
+    def claim_run(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
+        """Lease to :token the next :run messages of the key of row :after, behind it, as the
+        claim's runs do (pending, due, not suspects, :exclude passed by, not locked: the prefix
+        that is all of these); nothing unless every earlier message of the key in a blocking
+        state is in flight under :token. Rows with CLAIMED_COLUMNS (none a suspect).
+
+        params: owner, token, after, run, follow (= run), lease_seconds, exclude, only (None),
+        grouped, now."""
+
+    @abstractmethod
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
         """Mark :seqs published where :token holds them and unpark the next message of each of
         their keys; return how many were marked. params: token, seqs, now."""

@@ -154,6 +154,15 @@ SET state = 'in_flight',
 WHERE seq IN :seqs
 """  # noqa: S608 - a time expression constant; every value is bound
 
+# The next run of a chain (see postgres._CLAIM_RUN): the runs' statements behind row :after,
+# unless an earlier message of its key in a blocking state is not in flight under :token: per
+# state, one probe of outbox_message_key_state_idx ({other}, in flight: this lease's rows, a
+# chain or two).
+_RUN_KEY = "SELECT `key` FROM outbox_message WHERE seq = :after"
+_RUN_OTHER = """(SELECT 1 FROM outbox_message FORCE INDEX (outbox_message_key_state_idx)
+ WHERE `key` = :of_key AND state = {state} AND seq <= :after {other} LIMIT 1)"""
+_NOT_MINE = "AND NOT (lease_token <=> :token)"
+
 CLAIMED = """
 SELECT seq, id, exchange, routing_key, payload, content_type, headers, `key`,
        priority, attempts, max_attempts, available_at, created_at, traceparent,
@@ -456,6 +465,13 @@ class Mysql(Dialect):
         self._lock_followers = sql(_LOCK_FOLLOWERS.format(now=NOW, filter=where))
         self._claim = sql(CLAIM)
         self._claimed = sql(CLAIMED, CLAIMED_COLUMNS)
+        self._run_key = sql(_RUN_KEY)
+        self._run_other = sql(
+            "\nUNION ALL\n".join(
+                _RUN_OTHER.format(state=state, other=_NOT_MINE if state == "'in_flight'" else "")
+                for state in states
+            )
+        )
         self._keys_of = sql(KEYS_OF)
         self._mark = sql(MARK_PUBLISHED)
         self._unpark_next = sql(UNPARK_NEXT.format(head=is_head("n", blocking=blocking)))
@@ -564,6 +580,20 @@ class Mysql(Dialect):
             stamp = params["alone"] if solitary else params["grouped"]
             seqs = [*chosen, *run]
             claim = {**params, "seqs": seqs, "suspect": bool(suspects), "stamp": stamp}
+            conn.execute(self._claim, claim)
+            return conn.execute(self._claimed, claim).all()
+
+    def claim_run(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
+        with self.transaction(conn):
+            key = conn.execute(self._run_key, params).scalar_one_or_none()
+            if key is None:
+                return []
+            if conn.execute(self._run_other, {**params, "of_key": key}).first() is not None:
+                return []
+            run = self._runs(conn, params, [(params["after"], key)])
+            if not run:
+                return []
+            claim = {**params, "seqs": run, "suspect": False, "stamp": params["grouped"]}
             conn.execute(self._claim, claim)
             return conn.execute(self._claimed, claim).all()
 

@@ -186,6 +186,60 @@ RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type, m.h
           m.priority, m.attempts, m.max_attempts, m.available_at, m.created_at, m.traceparent,
           m.tracestate, m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect))
 """
+# The next run of a chain the relay is sending (relay/loop/chains.py): the next :run messages of
+# the key of row :after, leased to the chain's own :token while the chain is still being
+# published, so the key's next message goes out as soon as the chain's last one is confirmed, with
+# no mark and claim in between. Only while every earlier message of the key in a blocking state is
+# in flight under :token (`other`: a lease taken over, or a message given back, ends the chain);
+# then as a run of _CLAIM: the prefix that is pending, due, not a suspect, passes the resource
+# filter and is not locked by another claim. Rows behind a run are usually parked: held is cleared.
+_CLAIM_RUN = """
+WITH k AS (
+    SELECT key FROM outbox_message WHERE seq = :after AND key IS NOT NULL
+), other AS (
+    SELECT 1 FROM k CROSS JOIN LATERAL (
+        SELECT 1 FROM outbox_message AS e
+        WHERE e.key >= k.key AND e.key <= k.key AND e.seq <= :after AND e.state IN ({blocking})
+          AND NOT (e.state = 'in_flight' AND e.lease_token = :token)
+        ORDER BY e.key, e.seq
+        LIMIT 1
+    ) AS x
+), follow AS (
+    SELECT f.seq, bool_and(f.ok) OVER (ORDER BY f.seq) AS due
+    FROM k CROSS JOIN LATERAL (
+        SELECT e.seq,
+               (e.state = 'pending' AND e.lease_expires_at IS NULL
+                AND e.available_at <= coalesce(:now, now()) {filter}) AS ok
+        FROM outbox_message AS e
+        WHERE e.key >= k.key AND e.key <= k.key AND e.seq > :after AND e.state IN ({blocking})
+        ORDER BY e.key, e.seq
+        LIMIT :run
+    ) AS f
+    WHERE NOT EXISTS (SELECT 1 FROM other)
+), locked AS (
+    SELECT seq FROM outbox_message
+    WHERE seq = ANY(ARRAY(SELECT seq FROM follow WHERE due)) AND state = 'pending'
+    FOR UPDATE SKIP LOCKED
+), run AS (
+    SELECT seq FROM (
+        SELECT f.seq, bool_and(l.seq IS NOT NULL) OVER (ORDER BY f.seq) AS whole
+        FROM follow AS f LEFT JOIN locked AS l ON l.seq = f.seq
+        WHERE f.due
+    ) AS r
+    WHERE whole
+)
+UPDATE outbox_message AS m
+SET state = 'in_flight',
+    held = false,
+    attempts = m.attempts + 1,
+    lease_owner = :owner,
+    lease_token = :token,
+    lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds)
+WHERE m.seq = ANY(ARRAY(SELECT seq FROM run)) AND m.state = 'pending'
+RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type, m.headers, m.key,
+          m.priority, m.attempts, m.max_attempts, m.available_at, m.created_at, m.traceparent,
+          m.tracestate, false
+"""
 _RESOURCE_FILTER = """
       AND NOT ({resource} = ANY(CAST(:exclude AS text[])))
       AND (CAST(:only AS text) IS NULL OR {resource} = CAST(:only AS text))"""
@@ -569,6 +623,10 @@ class Postgres(Dialect):
             blocking=blocking,
         )
         self._claim = compile_sql(claim, CLAIMED_COLUMNS)
+        self._claim_run = compile_sql(
+            _CLAIM_RUN.format(filter=_RESOURCE_FILTER.format(resource=resource), blocking=blocking),
+            CLAIMED_COLUMNS,
+        )
         self._mark = compile_sql(
             MARK_PUBLISHED.format(
                 blocking=blocking,
@@ -633,6 +691,9 @@ class Postgres(Dialect):
 
     def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         return conn.execute(self._claim, params).all()
+
+    def claim_run(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
+        return conn.execute(self._claim_run, params).all()
 
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
         return int(conn.execute(self._mark, params).scalar_one())

@@ -57,6 +57,31 @@ def _utc(value: dt.datetime) -> dt.datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
+def _claimed(rows: Sequence[Sequence[Any]]) -> list[Claimed]:
+    """Claimed rows, by position (CLAIMED_COLUMNS' order): the hot path, hundreds a claim."""
+    return [
+        Claimed(
+            seq=r[0],
+            id=r[1],
+            exchange=r[2],
+            routing_key=r[3],
+            payload=r[4],  # as stored: the wire checks its type, per row
+            content_type=r[5],
+            headers=r[6],
+            key=r[7],
+            priority=r[8],
+            attempts=r[9],
+            max_attempts=r[10],
+            available_at=_utc(r[11]),
+            created_at=_utc(r[12]),
+            traceparent=r[13],
+            tracestate=r[14],
+            suspect=bool(r[15]),
+        )
+        for r in rows
+    ]
+
+
 class SqlStore:
     """The relay's store on a SQLAlchemy engine (any database in databases.DIALECTS).
 
@@ -128,32 +153,39 @@ class SqlStore:
         }
         with self._conn() as conn:
             rows = self.dialect.claim(conn, params)
-        # By position (CLAIMED_COLUMNS' order): the hot path, hundreds of rows per claim.
-        claimed = [
-            Claimed(
-                seq=r[0],
-                id=r[1],
-                exchange=r[2],
-                routing_key=r[3],
-                payload=r[4],  # as stored: the wire checks its type, per row
-                content_type=r[5],
-                headers=r[6],
-                key=r[7],
-                priority=r[8],
-                attempts=r[9],
-                max_attempts=r[10],
-                available_at=_utc(r[11]),
-                created_at=_utc(r[12]),
-                traceparent=r[13],
-                tracestate=r[14],
-                suspect=bool(r[15]),
-            )
-            for r in rows
-        ]
+        claimed = _claimed(rows)
         # RETURNING order is unspecified; publish in claim order so priority and enqueue order
         # hold within a batch too.
         claimed.sort(key=lambda c: (-c.priority, c.available_at, c.seq))
         return claimed
+
+    def claim_run(
+        self,
+        *,
+        owner: str,
+        token: uuid.UUID,
+        after: int,
+        limit: int,
+        lease_seconds: float,
+        exclude: Sequence[str] = (),
+    ) -> list[Claimed]:
+        if limit <= 0:
+            return []
+        params: dict[str, Any] = {
+            "owner": owner,
+            "token": token,
+            "after": after,
+            "run": limit,
+            "follow": limit,
+            "lease_seconds": lease_seconds,
+            "exclude": self.dialect.bind_list(exclude),
+            "only": None,
+            **SUSPECT_STAMPS,
+            "now": self._clock(),
+        }
+        with self._conn() as conn:
+            rows = self.dialect.claim_run(conn, params)
+        return sorted(_claimed(rows), key=lambda c: c.seq)
 
     def has_ready(self, part: str) -> bool:
         with self._conn() as conn:

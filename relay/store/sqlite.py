@@ -116,6 +116,17 @@ WITH h AS (
 SELECT seq FROM numbered WHERE due AND n <= :follow
 """
 
+# The next run of a chain (see postgres._CLAIM_RUN): _FOLLOWERS behind row :after, unless an
+# earlier message of its key in a blocking state is not in flight under :token (this statement
+# finds one).
+_RUN_OTHER = """
+SELECT 1 FROM outbox_message AS e
+WHERE e.key = (SELECT key FROM outbox_message WHERE seq = :after) AND e.seq <= :after
+  AND e.state IN ({indexed}) AND e.state IN ({blocking})
+  AND NOT (e.state = 'in_flight' AND e.lease_token = :token)
+LIMIT 1
+"""
+
 PARK = "UPDATE outbox_message SET held = true WHERE seq IN (SELECT value FROM json_each(:seqs))"
 
 # `state = 'pending'` again: the candidates were chosen under the same write lock, so this only
@@ -358,6 +369,9 @@ class Sqlite(Dialect):
         self._followers = compile_sql(
             _FOLLOWERS.format(filter=where, blocking=blocking, indexed=common.BLOCKING_HOLD)
         )
+        self._run_other = compile_sql(
+            _RUN_OTHER.format(indexed=common.BLOCKING_HOLD, blocking=blocking)
+        )
         self._park = compile_sql(PARK)
         self._claim = compile_sql(CLAIM, CLAIMED_COLUMNS)
         self._mark = compile_sql(MARK_PUBLISHED)
@@ -459,6 +473,17 @@ class Sqlite(Dialect):
                     "stamp": params["alone"] if solitary else params["grouped"],
                 },
             ).all()
+
+    def claim_run(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
+        with self.transaction(conn):
+            p = {**params, "now": self._now(conn, params)}
+            if conn.execute(self._run_other, p).first() is not None:
+                return []
+            run = self._runs(conn, p, [params["after"]])
+            if not run:
+                return []
+            claim = {**p, "seqs": self.bind_list(run), "suspect": False, "stamp": p["grouped"]}
+            return conn.execute(self._claim, claim).all()
 
     def _runs(self, conn: Connection, params: Mapping[str, Any], heads: Sequence[int]) -> list[int]:
         """The rows of the runs behind `heads` (keyed rows, in claim order)."""

@@ -100,7 +100,7 @@ def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def claim(store: SqlStore, token: uuid.UUID) -> list[int]:
     rows = store.claim(
-        owner="r1", token=token, limit=500, lease_seconds=30.0, suspect_group=100, run=128
+        owner="r1", token=token, limit=500, lease_seconds=30.0, suspect_group=100, run=chains.RUN
     )
     return [row.seq for row in rows]
 
@@ -124,6 +124,23 @@ def test_marking_a_run_unparks_the_next_without_reading_the_published_rows(
     assert max(thrown.values()) <= BACKLOG, thrown
     # The next head was unparked: it is claimed, with its run.
     assert len(claim(store, uuid.uuid4())) == 1 + chains.RUN
+
+
+def test_extending_a_chain_reads_none_of_the_published_rows(after_a_burst: SqlStore) -> None:
+    store = after_a_burst
+    token = uuid.uuid4()
+    seqs = claim(store, token)
+    got: list[int] = []
+
+    def extend(s: SqlStore) -> None:
+        rows = s.claim_run(
+            owner="r1", token=token, after=max(seqs), limit=chains.NEXT_RUN, lease_seconds=30.0
+        )
+        got.extend(row.seq for row in rows)
+
+    thrown = discarded_rows(store, extend)
+    assert len(got) == chains.NEXT_RUN
+    assert max(thrown.values()) <= BACKLOG, thrown
 
 
 def test_the_unpark_sweep_reads_none_of_the_published_rows(after_a_burst: SqlStore) -> None:

@@ -63,6 +63,7 @@ class FakeStore:
     alive: dict[str, dt.datetime] = field(default_factory=dict)
     runs: dict[str, dt.datetime] = field(default_factory=dict)  # relay id -> its run's start
     runs_asked: list[int] = field(default_factory=list)  # each claim's `run`
+    runs_extended: list[int] = field(default_factory=list)  # each claim_run's `after`
 
     def add(self, *claimed: Claimed) -> None:
         for c in claimed:
@@ -99,11 +100,63 @@ class FakeStore:
             and (only is None or r.claimed.exchange == only)
             and self._in_key_order(r)
         ][:limit]
+        if run > 0:  # as the store: a key's head and at most `run` behind it
+            taken: dict[str, int] = {}
+            kept = []
+            for r in ready:
+                key = r.claimed.key
+                if key is not None:
+                    taken[key] = taken.get(key, 0) + 1
+                    if taken[key] > run + 1:
+                        continue
+                kept.append(r)
+            ready = kept
         suspects = [r for r in ready if r.claimed.suspect]
         ready = suspects[:suspect_group] or ready  # suspects are claimed apart, as in the store
         for r in ready:
             r.state, r.token = "in_flight", token
         return [r.claimed for r in ready]
+
+    def claim_run(
+        self,
+        *,
+        owner: str,
+        token: uuid.UUID,
+        after: int,
+        limit: int,
+        lease_seconds: float,
+        exclude: Sequence[str] = (),
+    ) -> list[Claimed]:
+        """As the store: the next `limit` of the key of `after`, while every earlier unfinished
+        one of the key is `token`'s in flight; the prefix that is pending and due."""
+        self._maybe_fail("claim_run")
+        self.runs_extended.append(after)
+        key = self.rows[after].claimed.key if after in self.rows else None
+        if key is None:
+            return []
+        line = sorted(
+            (r for r in self.rows.values() if r.claimed.key == key),
+            key=lambda r: r.claimed.seq,
+        )
+        if any(
+            r.state in ("pending", "dead") or (r.state == "in_flight" and r.token != token)
+            for r in line
+            if r.claimed.seq <= after
+        ):
+            return []
+        run: list[Row] = []
+        for r in line:
+            if r.claimed.seq <= after or r.state not in ("pending", "in_flight", "dead"):
+                continue
+            if len(run) == limit:
+                break
+            ok = r.state == "pending" and r.due and r.claimed.exchange not in exclude
+            if not ok or r.claimed.suspect:
+                break
+            run.append(r)
+        for r in run:
+            r.state, r.token = "in_flight", token
+        return [r.claimed for r in run]
 
     def _in_key_order(self, row: Row) -> bool:
         """Per-key order, as the store keeps it: nothing earlier of its key is in flight, or
@@ -278,6 +331,7 @@ class FakePublisher:
     alive: bool = True
     held: list[tuple[Sequence[Outgoing], Done]] = field(default_factory=list)
     chained: list[list[int]] = field(default_factory=list)  # the refs of each chain's batch
+    chain_ids: list[Hashable] = field(default_factory=list)  # the chain of each of those
     broken_chains: set[Hashable] = field(default_factory=set)
     published: list[Outgoing] = field(default_factory=list)
     stopped: bool = False
@@ -292,11 +346,17 @@ class FakePublisher:
         self.published.extend(items)
         if chain is not None:
             self.chained.append([i.ref for i in items])
+            self.chain_ids.append(chain)
             done = _as_chain(done, chain, self.broken_chains)
         if self.hold:
             self.held.append((items, done))
         else:
             done([self.decide(i) for i in items])
+
+    def answer_first(self) -> None:
+        """Answer the batch held longest (a chain's pieces come back one after another)."""
+        items, done = self.held.pop(0)
+        done([self.decide(i) for i in items])
 
     def confirm_held(self) -> None:
         held, self.held = self.held, []

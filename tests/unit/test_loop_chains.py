@@ -57,21 +57,18 @@ def test_a_hot_keys_run_goes_out_chained_in_key_order_beside_the_rest() -> None:
 
 def test_a_chain_is_handed_over_whole_and_takes_one_piece_of_the_window() -> None:
     store = FakeStore()
-    count = chains.PIECE * 2 + 3
+    count = chains.RUN + 1  # a run and its head: the claim takes them all
+    assert count > chains.PIECE
     store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
-    store.add(*(make_claimed(seq) for seq in range(100, 140)))
+    store.add(*(make_claimed(seq) for seq in range(1000, 1100)))
     publisher = FakePublisher(hold=True)
     window = chains.PIECE * 2 + 8
     relay, _ = make_relay(store, publisher, batch_size=500, max_unconfirmed=window)
     relay.run_once()
-    assert publisher.chained == [
-        list(range(1, chains.PIECE + 1)),
-        list(range(chains.PIECE + 1, 2 * chains.PIECE + 1)),
-        list(range(2 * chains.PIECE + 1, count + 1)),
-    ]
+    assert publisher.chained == seq_pieces(1, count)
     # Only the chain's first piece can be confirmed and unmarked at once: the rest of the
     # window goes to the rows beside it.
-    beside = [i.ref for i in publisher.published if i.ref >= 100]
+    beside = [i.ref for i in publisher.published if i.ref >= 1000]
     assert len(beside) == window - chains.PIECE
     publisher.confirm_held()
     relay.run_once()
@@ -213,3 +210,95 @@ def test_a_chain_piece_is_overdue_only_for_its_own_messages_from_its_turn() -> N
     relay.run_once()
     relay.run_once()
     assert (count, "test", "Retry") in store.history  # given up as unconfirmed: sent again
+
+
+def seq_pieces(first: int, count: int) -> list[list[int]]:
+    """The pieces `count` messages from seq `first` on are handed over in."""
+    seqs = list(range(first, first + count))
+    return [seqs[i : i + chains.PIECE] for i in range(0, count, chains.PIECE)]
+
+
+def hot_key(store: FakeStore, count: int) -> None:
+    store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
+
+
+def drain_piece_by_piece(relay: Relay, publisher: FakePublisher) -> None:
+    for _ in range(100):
+        relay.run_once()
+        if not publisher.held:
+            return
+        publisher.answer_first()
+    raise AssertionError("the chain never ended")
+
+
+def test_a_chain_that_came_full_goes_on_under_its_lease_before_it_ends() -> None:
+    store = FakeStore()
+    count = chains.RUN + 1 + chains.NEXT_RUN + 10
+    hot_key(store, count)
+    publisher = FakePublisher(hold=True)
+    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay.run_once()
+    first = seq_pieces(1, chains.RUN + 1)
+    assert publisher.chained == first  # the run and its head: what the claim took
+    assert store.runs_extended == []  # more than a piece left to confirm
+    publisher.answer_first()
+    relay.run_once()  # a piece left: the next run is claimed, and handed over behind it
+    assert store.runs_extended == [chains.RUN + 1]
+    after = seq_pieces(chains.RUN + 2, chains.NEXT_RUN)
+    assert publisher.chained == first + after
+    drain_piece_by_piece(relay, publisher)
+    assert store.runs_extended == [chains.RUN + 1, chains.RUN + 1 + chains.NEXT_RUN]
+    assert set(store.states().values()) == {"published"}
+    assert [item.ref for item in publisher.published] == list(range(1, count + 1))
+    assert len(set(publisher.chain_ids)) == 1  # one chain: each piece after the one before
+    assert relay.in_flight == 0
+
+
+def test_a_run_that_did_not_come_full_is_not_extended() -> None:
+    store = FakeStore()
+    hot_key(store, chains.RUN)  # the key's whole line, a message short of a full run
+    publisher = FakePublisher(hold=True)
+    relay, _ = make_relay(store, publisher, batch_size=500)
+    drain_piece_by_piece(relay, publisher)
+    assert store.runs_extended == []
+    assert set(store.states().values()) == {"published"}
+
+
+def test_a_chain_that_broke_is_not_extended() -> None:
+    store = ReleasingStore()
+    hot_key(store, chains.RUN + 1 + chains.NEXT_RUN)
+
+    def decide(item: Outgoing) -> Outcome:
+        if item.ref == 3:
+            return Outcome(item.ref, Fate.REJECTED, "basic.nack from broker")
+        return Outcome(item.ref, Fate.CONFIRMED)
+
+    publisher = FakePublisher(decide=decide, hold=True)
+    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay.run_once()
+    publisher.answer_first()  # 3 failed: the rest of the chain was never sent
+    relay.run_once()
+    publisher.answer_first()  # the chain's second piece, held back whole
+    relay.run_once()
+    assert store.runs_extended == []
+    states = store.states()
+    assert [states[s] for s in (1, 2, 3)] == ["published", "published", "pending"]
+    assert all(states[s] == "pending" for s in range(4, chains.RUN + 2))  # given back, in order
+
+
+def test_a_database_failure_while_extending_leaves_the_chain_to_end_as_usual() -> None:
+    store = FakeStore()
+    hot_key(store, chains.RUN + 1 + 10)
+    publisher = FakePublisher(hold=True)
+    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay.run_once()
+    store.fail_next.append("claim_run")
+    publisher.answer_first()
+    relay.run_once()  # the extension fails: logged, claims back off
+    assert store.runs_extended == []
+    drain_piece_by_piece(relay, publisher)
+    for _ in range(20):  # the rest is claimed the usual way once the chain is marked
+        relay.run_once()
+        if publisher.held:
+            publisher.confirm_held()
+    assert set(store.states().values()) == {"published"}
