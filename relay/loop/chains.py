@@ -9,6 +9,11 @@ last message is confirmed. So a hot key drains at the broker's confirm pace, not
 claim-publish-mark cycle per message, and its order holds: after the first message that is not
 confirmed, the publisher sends nothing more of the chain, and the rest is given back unsent,
 behind it.
+
+A chain whose run came full goes on: before it ends, the key's next run is claimed under the
+chain's own lease (Store.claim_run) and handed over as more pieces of the same chain, so the
+publisher sends its first message from the confirm of the chain's last. What the publisher holds
+back after a failure includes them.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ from relay.ports import Claimed
 RUN = 127
 # Messages of a chain answered together: a piece's confirmed messages are marked once its last
 # one is confirmed, so this is also what a relay killed mid-chain leaves confirmed and unmarked
-# (and what a chain takes of the publisher's window, whatever its length). Each mark slows the
-# broker's confirms beside it on two cores: pieces of 64 drained one hot key 10-20% faster than
-# pieces of 32 (measured in-process, 10,000 messages).
+# (and what a chain takes of the publisher's window, whatever its length: the window, not the
+# piece, bounds what a crash leaves). Each mark slows the broker's confirms beside it on two
+# cores: pieces of 64 drained one hot key 10-20% faster than pieces of 32 (in-process, 10,000
+# messages).
 PIECE = 64
 # A chain whose run came full (its key has more) goes on: once this many of its messages are left
 # to be confirmed, the key's next NEXT_RUN messages are claimed under the chain's own lease
 # (Store.claim_run) and handed over behind it, so the key's next message follows the chain's last
-# one at once instead of after its mark and a claim (some 10 ms a run). A piece: 30-60 ms of
+# one at once instead of after its mark and a claim (some 10 ms a run). A piece: 20-40 ms of
 # confirms here, against a few milliseconds to claim.
 EXTEND_AT = PIECE
 NEXT_RUN = RUN + 1

@@ -8,6 +8,9 @@ are sent and not yet marked (`pump`), and the next batch is claimed while one is
 sent: the broker always has work, and few messages are sent and unmarked at any moment, so a
 relay killed mid-drain leaves little for the next one to send again.
 
+A hot key's run that came full is extended before it ends (`extend_runs`): its key's next
+messages are claimed under the same lease and handed over behind it (relay/loop/chains.py).
+
 Suspects (rows whose relay died holding them; the store claims them apart, in a group or alone)
 are quarantined: published only once nothing else is in flight, and nothing else is claimed until
 they settle. If they kill this relay too, only they die with it.

@@ -240,9 +240,13 @@ def test_a_chain_that_came_full_goes_on_under_its_lease_before_it_ends() -> None
     relay.run_once()
     first = seq_pieces(1, chains.RUN + 1)
     assert publisher.chained == first  # the run and its head: what the claim took
-    assert store.runs_extended == []  # more than a piece left to confirm
-    publisher.answer_first()
-    relay.run_once()  # a piece left: the next run is claimed, and handed over behind it
+    assert store.runs_extended == []  # more than EXTEND_AT left to confirm
+    answered = 0
+    while not store.runs_extended:
+        publisher.answer_first()
+        answered += chains.PIECE
+        relay.run_once()  # once EXTEND_AT are left: the next run, handed over behind the chain
+    assert chains.RUN + 1 - answered == chains.EXTEND_AT
     assert store.runs_extended == [chains.RUN + 1]
     after = seq_pieces(chains.RUN + 2, chains.NEXT_RUN)
     assert publisher.chained == first + after
@@ -278,8 +282,9 @@ def test_a_chain_that_broke_is_not_extended() -> None:
     relay.run_once()
     publisher.answer_first()  # 3 failed: the rest of the chain was never sent
     relay.run_once()
-    publisher.answer_first()  # the chain's second piece, held back whole
-    relay.run_once()
+    while publisher.held:  # the chain's later pieces, held back whole
+        publisher.answer_first()
+        relay.run_once()
     assert store.runs_extended == []
     states = store.states()
     assert [states[s] for s in (1, 2, 3)] == ["published", "published", "pending"]
@@ -293,8 +298,9 @@ def test_a_database_failure_while_extending_leaves_the_chain_to_end_as_usual() -
     relay, _ = make_relay(store, publisher, batch_size=500)
     relay.run_once()
     store.fail_next.append("claim_run")
-    publisher.answer_first()
-    relay.run_once()  # the extension fails: logged, claims back off
+    while "claim_run" in store.fail_next:  # until the chain is short enough to be extended
+        publisher.answer_first()
+        relay.run_once()  # the extension fails: logged, claims back off
     assert store.runs_extended == []
     drain_piece_by_piece(relay, publisher)
     for _ in range(20):  # the rest is claimed the usual way once the chain is marked
