@@ -34,8 +34,8 @@ def scenarios() -> list[tuple[str, run.Fault, dict[str, bool]]]:
         ("poison rows x80", run.poison_rows(80, every=0.4), {"steady": True}),
         # Hot keys (run.HOT): 3 keys carry 80% of the messages, at run.HOT_RATE (the same 50 s
         # of traffic: --messages scaled down). Each fault leaves hundreds to thousands waiting
-        # behind each of them, which the relay drains as runs (128 at most, sent one message per
-        # confirm), killed or cut in the middle of them.
+        # behind each of them, which the relay drains as runs (128 a claim, going on under their
+        # lease; one message per confirm), killed or cut in the middle of them.
         ("hot keys: relay SIGKILL mid-run x6", run.kill_mid_run(6, between=(0.0, 1.5)), HOT),
         ("hot keys: broker cut x3", run.cut("broker", 3, down=4.0, up=6.0), HOT | BROKER),
         ("hot keys: database cut x3", run.cut("db", 3, down=5.0, up=8.0), HOT | DB),
