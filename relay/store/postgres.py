@@ -606,10 +606,14 @@ class Postgres(Dialect):
     # them for tens of milliseconds first whenever the planner overestimates their rows. And no
     # sequential scans where an index serves: every statement of the loop is written as index
     # scans, and statistics taken before a burst (a table all pending, one key) made the planner
-    # read the whole table for each claim instead (a hot key's drain: 1,250 -> 1,600 msg/s).
+    # read the whole table for each claim instead (a hot key's drain: 1,250 -> 1,600 msg/s). Nor
+    # bitmap scans: on its generic plan (prepared, below) the claim read every pending row through
+    # a bitmap of the ready index and sorted them to keep `limit` (75-90 ms a claim beside 100,000
+    # pending rows, against 13-20 ms reading the index in order; tests/integration/
+    # test_backlog_plans.py).
     relaxed_commit = (
         "SELECT set_config('synchronous_commit', 'off', false), set_config('jit', 'off', false),"
-        " set_config('enable_seqscan', 'off', false)"
+        " set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false)"
     )
     # Planning the claim costs about as much as running it (a millisecond on this kind of
     # machine): prepared once a statement has run twice, where no pooler stands between (the

@@ -154,10 +154,10 @@ def test_the_relays_own_commits_wait_for_no_disk_and_others_do(pg_url: str) -> N
             with store.engine.connect() as conn:
                 settings = [
                     conn.exec_driver_sql(f"SHOW {name}").scalar()
-                    for name in ("synchronous_commit", "jit", "enable_seqscan")
+                    for name in ("synchronous_commit", "jit", "enable_seqscan", "enable_bitmapscan")
                 ]
-            # The loop's own connections also plan no JIT and no sequential scan.
-            assert settings == [expected] * 3
+            # The loop's own connections also plan no JIT, no sequential and no bitmap scan.
+            assert settings == [expected] * 4
     finally:
         relaxed.close()
         plain.close()
