@@ -56,6 +56,53 @@ def is_head(row: str, *, blocking: str, unless: str = "") -> str:
     ), {row}.seq) >= {row}.seq"""  # noqa: S608 - an alias and a literal list of this module's
 
 
+# Fragments of the claims below (_CLAIM, _CLAIM_RUN), written once. They keep the claims'
+# placeholders ({filter}, {blocking}) for Postgres._prepare to fill.
+
+
+def _key_line(of: str, after: str) -> str:
+    """The next :run rows of `of`'s key after seq `after` in a blocking state, in key order,
+    each with whether a run may take it (`ok`: pending, due, not a suspect, not filtered out)."""
+    return f"""
+        SELECT e.seq, e.key,
+               (e.state = 'pending' AND e.lease_expires_at IS NULL
+                AND e.available_at <= coalesce(:now, now()) {{filter}}) AS ok
+        FROM outbox_message AS e
+        WHERE e.key >= {of}.key AND e.key <= {of}.key AND e.seq > {after}
+          AND e.state IN ({{blocking}})
+        ORDER BY e.key, e.seq
+        LIMIT :run"""  # noqa: S608 - aliases and placeholders of this module's
+
+
+# The rows the runs would take (`follow`: seq, key, due), locked where no other claim holds them,
+# and each run cut at its first row that is not: what comes after it stays behind it.
+_LOCK_RUNS = """locked AS (
+    SELECT seq FROM outbox_message
+    WHERE seq = ANY(ARRAY(SELECT seq FROM follow WHERE due)) AND state = 'pending'
+    FOR UPDATE SKIP LOCKED
+), run AS (
+    SELECT seq FROM (
+        SELECT f.seq,
+               bool_and(l.seq IS NOT NULL) OVER (PARTITION BY f.key ORDER BY f.seq) AS whole
+        FROM follow AS f LEFT JOIN locked AS l ON l.seq = f.seq
+        WHERE f.due
+    ) AS r
+    WHERE whole
+)"""
+
+# Leasing the rows claimed (`m`); a run's rows are usually parked: held is cleared with it.
+_LEASE = """SET state = 'in_flight',
+    held = false,
+    attempts = m.attempts + 1,
+    lease_owner = :owner,
+    lease_token = :token,
+    lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds)"""
+
+# CLAIMED_COLUMNS but the last, whether the row is a suspect (each claim says).
+_RETURNING = """RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type,
+          m.headers, m.key, m.priority, m.attempts, m.max_attempts, m.available_at,
+          m.created_at, m.traceparent, m.tracestate,"""
+
 # Take up to :limit ready rows, highest priority first, then the longest due, then enqueue order
 # (the order of the two ready indexes, so these are index range scans however many published rows
 # the table holds). SKIP LOCKED lets concurrent relays claim disjoint rows without waiting for
@@ -97,7 +144,8 @@ def is_head(row: str, *, blocking: str, unless: str = "") -> str:
 # joined, and the runs are cut at :follow by a LIMIT: the planner cannot tell how many rows the
 # runs add, and a claim it thinks large becomes a hash join over the whole table, or is compiled
 # by JIT for longer than it runs.
-_CLAIM = """
+_CLAIM = (
+    """
 WITH unkeyed AS (
     SELECT seq, NULL::text AS key, priority, available_at,
            lease_expires_at IS NOT NULL AS suspect,
@@ -142,58 +190,42 @@ WITH unkeyed AS (
         SELECT seq, key, row_number() OVER (ORDER BY priority DESC, available_at, seq) AS rank
         FROM chosen WHERE key IS NOT NULL AND NOT suspect
     ) AS h
-    CROSS JOIN LATERAL (
-        SELECT e.seq, e.key,
-               (e.state = 'pending' AND e.lease_expires_at IS NULL
-                AND e.available_at <= coalesce(:now, now()) {filter}) AS ok
-        FROM outbox_message AS e
-        WHERE e.key >= h.key AND e.key <= h.key AND e.seq > h.seq AND e.state IN ({blocking})
-        ORDER BY e.key, e.seq
-        LIMIT :run
+    CROSS JOIN LATERAL ("""
+    + _key_line("h", "h.seq")
+    + """
     ) AS f
     ORDER BY n
     LIMIT :follow
-), locked AS (
-    SELECT seq FROM outbox_message
-    WHERE seq IN (SELECT seq FROM follow WHERE due) AND state = 'pending'
-    FOR UPDATE SKIP LOCKED
-), run AS (
-    SELECT seq FROM (
-        SELECT f.seq,
-               bool_and(l.seq IS NOT NULL) OVER (PARTITION BY f.key ORDER BY f.seq) AS whole
-        FROM follow AS f LEFT JOIN locked AS l ON l.seq = f.seq
-        WHERE f.due
-    ) AS r
-    WHERE whole
-), parked AS (
+), """
+    + _LOCK_RUNS
+    + """, parked AS (
     UPDATE outbox_message AS p SET held = true
     FROM keyed
     WHERE p.seq = keyed.seq AND NOT keyed.head AND keyed.seq NOT IN (SELECT seq FROM run)
     RETURNING p.seq
 )
 UPDATE outbox_message AS m
-SET state = 'in_flight',
-    held = false,
-    attempts = m.attempts + 1,
-    lease_owner = :owner,
-    lease_token = :token,
-    lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds),
+"""
+    + _LEASE
+    + """,
     last_error = CASE WHEN m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE solitary)) THEN :alone
                       WHEN m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect)) THEN :grouped
                       ELSE m.last_error END
 WHERE m.seq = ANY(ARRAY(SELECT seq FROM chosen UNION ALL SELECT seq FROM run))
-RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type, m.headers, m.key,
-          m.priority, m.attempts, m.max_attempts, m.available_at, m.created_at, m.traceparent,
-          m.tracestate, m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect))
 """
+    + _RETURNING
+    + """ m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect))
+"""
+)  # noqa: S608 - the fragments are this module's constants; every value is bound
 # The next run of a chain the relay is sending (relay/loop/chains.py): the next :run messages of
 # the key of row :after, leased to the chain's own :token while the chain is still being
 # published, so the key's next message goes out as soon as the chain's last one is confirmed, with
 # no mark and claim in between. Only while every earlier message of the key in a blocking state is
 # in flight under :token (`other`: a lease taken over, or a message given back, ends the chain);
 # then as a run of _CLAIM: the prefix that is pending, due, not a suspect, passes the resource
-# filter and is not locked by another claim. Rows behind a run are usually parked: held is cleared.
-_CLAIM_RUN = """
+# filter and is not locked by another claim.
+_CLAIM_RUN = (
+    """
 WITH k AS (
     SELECT key FROM outbox_message WHERE seq = :after AND key IS NOT NULL
 ), other AS (
@@ -205,41 +237,25 @@ WITH k AS (
         LIMIT 1
     ) AS x
 ), follow AS (
-    SELECT f.seq, bool_and(f.ok) OVER (ORDER BY f.seq) AS due
-    FROM k CROSS JOIN LATERAL (
-        SELECT e.seq,
-               (e.state = 'pending' AND e.lease_expires_at IS NULL
-                AND e.available_at <= coalesce(:now, now()) {filter}) AS ok
-        FROM outbox_message AS e
-        WHERE e.key >= k.key AND e.key <= k.key AND e.seq > :after AND e.state IN ({blocking})
-        ORDER BY e.key, e.seq
-        LIMIT :run
+    SELECT f.seq, f.key, bool_and(f.ok) OVER (ORDER BY f.seq) AS due
+    FROM k CROSS JOIN LATERAL ("""
+    + _key_line("k", ":after")
+    + """
     ) AS f
     WHERE NOT EXISTS (SELECT 1 FROM other)
-), locked AS (
-    SELECT seq FROM outbox_message
-    WHERE seq = ANY(ARRAY(SELECT seq FROM follow WHERE due)) AND state = 'pending'
-    FOR UPDATE SKIP LOCKED
-), run AS (
-    SELECT seq FROM (
-        SELECT f.seq, bool_and(l.seq IS NOT NULL) OVER (ORDER BY f.seq) AS whole
-        FROM follow AS f LEFT JOIN locked AS l ON l.seq = f.seq
-        WHERE f.due
-    ) AS r
-    WHERE whole
-)
+), """
+    + _LOCK_RUNS
+    + """
 UPDATE outbox_message AS m
-SET state = 'in_flight',
-    held = false,
-    attempts = m.attempts + 1,
-    lease_owner = :owner,
-    lease_token = :token,
-    lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds)
-WHERE m.seq = ANY(ARRAY(SELECT seq FROM run)) AND m.state = 'pending'
-RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type, m.headers, m.key,
-          m.priority, m.attempts, m.max_attempts, m.available_at, m.created_at, m.traceparent,
-          m.tracestate, false
 """
+    + _LEASE
+    + """
+WHERE m.seq = ANY(ARRAY(SELECT seq FROM run)) AND m.state = 'pending'
+"""
+    + _RETURNING
+    + """ false
+"""
+)  # noqa: S608 - the fragments are this module's constants; every value is bound
 _RESOURCE_FILTER = """
       AND NOT ({resource} = ANY(CAST(:exclude AS text[])))
       AND (CAST(:only AS text) IS NULL OR {resource} = CAST(:only AS text))"""
