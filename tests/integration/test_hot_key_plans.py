@@ -42,22 +42,29 @@ FROM generate_series(1, %(rows)s)
 """
 
 
-@pytest.fixture
-def after_a_burst(pg_url: str, pg_engine: Engine) -> Iterator[SqlStore]:
-    """The relay loop's store on a table whose statistics were taken during the burst."""
+def burst_then(pg_url: str, pg_engine: Engine, change: str) -> Iterator[SqlStore]:
+    """ROWS messages of one key, analyzed while all pending (a burst); then `change` (binding
+    :n, PUBLISHED) runs, and the relay loop's store is opened on the table."""
     with pg_engine.begin() as conn:
         conn.exec_driver_sql(_FILL, {"key": KEY, "rows": ROWS})
     with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("VACUUM ANALYZE outbox_message")
     with pg_engine.begin() as conn:
-        conn.exec_driver_sql(
-            "UPDATE outbox_message SET state = 'published', published_at = now() "
-            "WHERE seq <= (SELECT min(seq) FROM outbox_message) + %(n)s - 1",
-            {"n": PUBLISHED},
-        )
+        conn.exec_driver_sql(change, {"n": PUBLISHED})
     store = open_store(pg_url, relaxed_commit=True)  # as the relay loop opens it
     yield store
     store.close()
+
+
+@pytest.fixture
+def after_a_burst(pg_url: str, pg_engine: Engine) -> Iterator[SqlStore]:
+    """The relay loop's store on a table whose statistics were taken during the burst."""
+    yield from burst_then(
+        pg_url,
+        pg_engine,
+        "UPDATE outbox_message SET state = 'published', published_at = now() "
+        "WHERE seq <= (SELECT min(seq) FROM outbox_message) + %(n)s - 1",
+    )
 
 
 def discarded_rows(store: SqlStore, action: Callable[[SqlStore], object]) -> dict[str, int]:
@@ -156,21 +163,14 @@ def test_the_unpark_sweep_reads_none_of_the_published_rows(after_a_burst: SqlSto
 def interleaved(pg_url: str, pg_engine: Engine) -> Iterator[SqlStore]:
     """Statistics from a burst on one key; then that key's head is an old message (being
     retried, say) with a short backlog, behind many published messages of other keys."""
-    with pg_engine.begin() as conn:
-        conn.exec_driver_sql(_FILL, {"key": KEY, "rows": ROWS})
-    with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql("VACUUM ANALYZE outbox_message")
-    with pg_engine.begin() as conn:
-        conn.exec_driver_sql(
-            "UPDATE outbox_message SET state = 'published', published_at = now(), "
-            "key = 'other-' || mod(seq, 50) "
-            "WHERE seq > (SELECT min(seq) FROM outbox_message) "
-            "AND seq < (SELECT min(seq) FROM outbox_message) + %(n)s",
-            {"n": PUBLISHED},
-        )
-    store = open_store(pg_url, relaxed_commit=True)
-    yield store
-    store.close()
+    yield from burst_then(
+        pg_url,
+        pg_engine,
+        "UPDATE outbox_message SET state = 'published', published_at = now(), "
+        "key = 'other-' || mod(seq, 50) "
+        "WHERE seq > (SELECT min(seq) FROM outbox_message) "
+        "AND seq < (SELECT min(seq) FROM outbox_message) + %(n)s",
+    )
 
 
 def test_a_keys_run_and_next_message_are_found_without_reading_other_keys_published_rows(
