@@ -60,6 +60,14 @@ def is_head(row: str, *, blocking: str, unless: str = "") -> str:
 # placeholders ({filter}, {blocking}) for Postgres._prepare to fill.
 
 
+def _with(template: str, **fragments: str) -> str:
+    """`template` with these fragments put in at their {name}; the claims' own placeholders
+    ({head}, {filter}, {blocking}) stay for Postgres._prepare."""
+    for name, text in fragments.items():
+        template = template.replace("{" + name + "}", text)
+    return template
+
+
 def _key_line(of: str, after: str) -> str:
     """The next :run rows of `of`'s key after seq `after` in a blocking state, in key order,
     each with whether a run may take it (`ok`: pending, due, not a suspect, not filtered out)."""
@@ -144,7 +152,7 @@ _RETURNING = """RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.c
 # joined, and the runs are cut at :follow by a LIMIT: the planner cannot tell how many rows the
 # runs add, and a claim it thinks large becomes a hash join over the whole table, or is compiled
 # by JIT for longer than it runs.
-_CLAIM = (
+_CLAIM = _with(
     """
 WITH unkeyed AS (
     SELECT seq, NULL::text AS key, priority, available_at,
@@ -190,33 +198,29 @@ WITH unkeyed AS (
         SELECT seq, key, row_number() OVER (ORDER BY priority DESC, available_at, seq) AS rank
         FROM chosen WHERE key IS NOT NULL AND NOT suspect
     ) AS h
-    CROSS JOIN LATERAL ("""
-    + _key_line("h", "h.seq")
-    + """
+    CROSS JOIN LATERAL ({line}
     ) AS f
     ORDER BY n
     LIMIT :follow
-), """
-    + _LOCK_RUNS
-    + """, parked AS (
+), {lock_runs}, parked AS (
     UPDATE outbox_message AS p SET held = true
     FROM keyed
     WHERE p.seq = keyed.seq AND NOT keyed.head AND keyed.seq NOT IN (SELECT seq FROM run)
     RETURNING p.seq
 )
 UPDATE outbox_message AS m
-"""
-    + _LEASE
-    + """,
+{lease},
     last_error = CASE WHEN m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE solitary)) THEN :alone
                       WHEN m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect)) THEN :grouped
                       ELSE m.last_error END
 WHERE m.seq = ANY(ARRAY(SELECT seq FROM chosen UNION ALL SELECT seq FROM run))
-"""
-    + _RETURNING
-    + """ m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect))
-"""
-)  # noqa: S608 - the fragments are this module's constants; every value is bound
+{returning} m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect))
+""",
+    line=_key_line("h", "h.seq"),
+    lock_runs=_LOCK_RUNS,
+    lease=_LEASE,
+    returning=_RETURNING,
+)
 # The next run of a chain the relay is sending (relay/loop/chains.py): the next :run messages of
 # the key of row :after, leased to the chain's own :token while the chain is still being
 # published, so the key's next message goes out as soon as the chain's last one is confirmed, with
@@ -224,7 +228,7 @@ WHERE m.seq = ANY(ARRAY(SELECT seq FROM chosen UNION ALL SELECT seq FROM run))
 # in flight under :token (`other`: a lease taken over, or a message given back, ends the chain);
 # then as a run of _CLAIM: the prefix that is pending, due, not a suspect, passes the resource
 # filter and is not locked by another claim.
-_CLAIM_RUN = (
+_CLAIM_RUN = _with(
     """
 WITH k AS (
     SELECT key FROM outbox_message WHERE seq = :after AND key IS NOT NULL
@@ -238,24 +242,20 @@ WITH k AS (
     ) AS x
 ), follow AS (
     SELECT f.seq, f.key, bool_and(f.ok) OVER (ORDER BY f.seq) AS due
-    FROM k CROSS JOIN LATERAL ("""
-    + _key_line("k", ":after")
-    + """
+    FROM k CROSS JOIN LATERAL ({line}
     ) AS f
     WHERE NOT EXISTS (SELECT 1 FROM other)
-), """
-    + _LOCK_RUNS
-    + """
+), {lock_runs}
 UPDATE outbox_message AS m
-"""
-    + _LEASE
-    + """
+{lease}
 WHERE m.seq = ANY(ARRAY(SELECT seq FROM run)) AND m.state = 'pending'
-"""
-    + _RETURNING
-    + """ false
-"""
-)  # noqa: S608 - the fragments are this module's constants; every value is bound
+{returning} false
+""",
+    line=_key_line("k", ":after"),
+    lock_runs=_LOCK_RUNS,
+    lease=_LEASE,
+    returning=_RETURNING,
+)
 _RESOURCE_FILTER = """
       AND NOT ({resource} = ANY(CAST(:exclude AS text[])))
       AND (CAST(:only AS text) IS NULL OR {resource} = CAST(:only AS text))"""
