@@ -29,13 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pika import spec
-from pika.adapters.select_connection import IOLoop, SelectConnection
+from pika.adapters.select_connection import IOLoop
 from pika.exceptions import (
     AMQPConnectionError,
     ChannelClosedByBroker,
     UnsupportedAMQPFieldException,
 )
 
+from relay.amqp.coalesce import CoalescingConnection
 from relay.amqp.connect_errors import connect_error
 from relay.amqp.nodes import Node, broker_nodes
 from relay.amqp.tls import TlsOptions
@@ -232,7 +233,7 @@ class Publisher:
     def _connect(self) -> None:
         if self._stopping:
             return
-        self._conn = SelectConnection(
+        self._conn = CoalescingConnection(
             parameters=self._nodes[self._index].params,
             on_open_callback=self._on_connection_open,
             on_open_error_callback=self._on_connection_open_error,
@@ -348,8 +349,9 @@ class Publisher:
         chan.channel = channel
         chan.next_tag = 0
         queued, chan.queued = chan.queued, []
-        for batch, i in queued:
-            self._send(chan, batch, i)
+        with self._conn.coalesced():
+            for batch, i in queued:
+                self._send(chan, batch, i)
 
     def _on_channel_closed(self, chan: _Chan, reason: BaseException) -> None:
         if self._chans.get(chan.exchange) is chan:
@@ -393,10 +395,11 @@ class Publisher:
                 self._next_in_chain(batch, 0)
             return
         chan: _Chan | None = None
-        for i, item in enumerate(batch.items):
-            if chan is None or chan.exchange != item.exchange:
-                chan = self._chan(item.exchange)
-            self._send_or_queue(chan, batch, i)
+        with self._conn.coalesced():  # the whole batch in one write (relay/amqp/coalesce.py)
+            for i, item in enumerate(batch.items):
+                if chan is None or chan.exchange != item.exchange:
+                    chan = self._chan(item.exchange)
+                self._send_or_queue(chan, batch, i)
 
     def _next_in_chain(self, batch: _Batch, i: int) -> None:
         """Send message `i` of a chained batch (the one before it was confirmed). Straight from
@@ -407,7 +410,8 @@ class Publisher:
             self._settle(batch, i, outcome)
             return
         batch.sent_at = time.monotonic()  # the confirm timeout counts from this message's send
-        self._send_or_queue(self._chan(batch.items[i].exchange), batch, i)
+        with self._conn.coalesced():  # its three frames in one write
+            self._send_or_queue(self._chan(batch.items[i].exchange), batch, i)
 
     def _send_or_queue(self, chan: _Chan, batch: _Batch, i: int) -> None:
         if chan.channel is None:

@@ -141,3 +141,67 @@ def test_a_chain_sends_nothing_after_a_message_that_was_not_confirmed(
         arrived.append(int(body))
     assert sorted(arrived) == [1, 2, 3, 4, 5, 10, 11]
     assert [n for n in arrived if n < 10] == [1, 2, 3, 4, 5]  # in order, and nothing after 6
+
+
+def _answers(
+    publisher: Publisher, batches: list[list[Outgoing]], chain: str | None = None
+) -> list[Outcome]:
+    """Publish `batches` and wait for every answer; the outcomes, in the order answered."""
+    outcomes: list[Outcome] = []
+    done = threading.Semaphore(0)
+
+    def answered(answer: list[Outcome]) -> None:
+        outcomes.extend(answer)
+        done.release()
+
+    for batch in batches:
+        publisher.publish(batch, answered, chain=chain)
+    for _ in batches:
+        assert done.acquire(timeout=10)
+    return outcomes
+
+
+def _spy_writes(publisher: Publisher) -> list[bytes]:
+    """What the publisher's connection hands its transport from now on, one entry per write."""
+    writes: list[bytes] = []
+    transport = publisher._conn._transport
+    write = transport.write
+
+    def spied(data: bytes) -> None:
+        writes.append(bytes(data))
+        write(data)
+
+    transport.write = spied
+    return writes
+
+
+def test_a_batch_reaches_the_socket_in_one_write_and_arrives_intact(
+    amqp_url: str, broker: Broker
+) -> None:
+    """pika writes every frame apart (method, header, body: three sends per message). The
+    publisher hands a batch's frames to the transport as one write, and a chain's message as one
+    write: the broker receives every message whole, in order, bodies split over several frames
+    included."""
+    publisher = Publisher(amqp_url)
+    publisher.start()
+    try:
+        _answers(publisher, [[_item(0, broker.exchange)]])  # the channel is open now
+        writes = _spy_writes(publisher)
+        batch = [_item(n, broker.exchange) for n in range(1, 101)]
+        big = b"x" * 300_000  # over frame_max (131,072): three body frames
+        batch[49] = Outgoing(
+            50, batch[49].message_id, broker.exchange, "r", big, batch[49].properties
+        )
+        outcomes = _answers(publisher, [batch])
+        batch_writes = len(writes)
+        chain = [_item(n, broker.exchange) for n in range(101, 104)]
+        chained = _answers(publisher, [chain], chain="k")
+        chain_writes = len(writes) - batch_writes
+    finally:
+        publisher.stop()
+    assert [o.fate for o in outcomes + chained] == [Fate.CONFIRMED] * 103
+    assert batch_writes == 1, [len(w) for w in writes]
+    assert chain_writes == 3, [len(w) for w in writes]  # one per message, sent one at a time
+    received = broker.collect(lambda got: len(got) == 104)
+    assert [d.message_id for d in received[1:]] == [i.message_id for i in batch + chain]
+    assert [d.body for d in received[1:]] == [i.body for i in batch + chain]

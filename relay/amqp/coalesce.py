@@ -1,0 +1,54 @@
+"""A pika connection that writes a batch of messages to its socket at once.
+
+pika hands every frame to its transport as a write of its own, and the transport sends each with
+a `send()` of its own: three system calls per message (method, header, body), 90,000 for a drain
+of 30,000. Inside `coalesced()`, the frames are gathered and handed over as one write when it
+ends, in the order pika made them; the transport sends that as its socket takes it. The broker
+reads the same bytes, in fewer, larger segments, and spends less time reading them too.
+
+Only the write is changed: pika still marshals every frame and counts it, and a frame written
+outside `coalesced()` (a heartbeat, a channel opening, a confirm of a chain's single message
+when nothing else is sent) goes out as before. Should a pika release no longer route frames
+through `_adapter_emit_data` (a private method of its `BaseConnection` since 1.0), nothing is
+gathered and every frame goes out as pika writes it: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from pika.adapters.select_connection import SelectConnection
+
+# Whether this pika routes every frame through the method overridden below.
+SUPPORTED = callable(getattr(SelectConnection, "_adapter_emit_data", None))
+
+
+class CoalescingConnection(SelectConnection):  # type: ignore[misc]  # pika is untyped here
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._held: list[bytes] | None = None  # frames gathered by coalesced(), in order
+        super().__init__(*args, **kwargs)
+
+    def _adapter_emit_data(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            super()._adapter_emit_data(data)
+        else:
+            held.append(data)
+
+    @contextlib.contextmanager
+    def coalesced(self) -> Iterator[None]:
+        """Write every frame made inside as one write at the end (nested: at the outermost)."""
+        if self._held is not None or not SUPPORTED:
+            yield
+            return
+        held: list[bytes] = []
+        self._held = held
+        try:
+            yield
+        finally:
+            self._held = None
+            # No transport: the connection closed meanwhile, and pika drops what it would write.
+            if held and getattr(self, "_transport", None) is not None:
+                super()._adapter_emit_data(b"".join(held))
