@@ -23,32 +23,46 @@ from pika.adapters.select_connection import SelectConnection
 
 # Whether this pika routes every frame through the method overridden below.
 SUPPORTED = callable(getattr(SelectConnection, "_adapter_emit_data", None))
+# Gathered frames are handed over once they reach this size: the joined copy costs memory beside
+# pika's own buffer, so a batch of large messages goes out in pieces of about this size.
+WRITE_AT = 256 * 1024
 
 
 class CoalescingConnection(SelectConnection):  # type: ignore[misc]  # pika is untyped here
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._held: list[bytes] | None = None  # frames gathered by coalesced(), in order
+        self._held_bytes = 0
         super().__init__(*args, **kwargs)
 
     def _adapter_emit_data(self, data: bytes) -> None:
         held = self._held
         if held is None:
             super()._adapter_emit_data(data)
-        else:
-            held.append(data)
+            return
+        held.append(data)
+        self._held_bytes += len(data)
+        if self._held_bytes >= WRITE_AT:
+            self._write_held()
+
+    def _write_held(self) -> None:
+        held = self._held
+        if held:
+            # No transport: the connection closed meanwhile, and pika drops what it would write.
+            if getattr(self, "_transport", None) is not None:
+                super()._adapter_emit_data(b"".join(held))
+            held.clear()
+        self._held_bytes = 0
 
     @contextlib.contextmanager
     def coalesced(self) -> Iterator[None]:
-        """Write every frame made inside as one write at the end (nested: at the outermost)."""
+        """Write the frames made inside as one write at the end (nested: at the outermost), or
+        in writes of about WRITE_AT bytes when there are more."""
         if self._held is not None or not SUPPORTED:
             yield
             return
-        held: list[bytes] = []
-        self._held = held
+        self._held = []
         try:
             yield
         finally:
+            self._write_held()
             self._held = None
-            # No transport: the connection closed meanwhile, and pika drops what it would write.
-            if held and getattr(self, "_transport", None) is not None:
-                super()._adapter_emit_data(b"".join(held))

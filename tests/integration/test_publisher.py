@@ -9,6 +9,7 @@ import uuid
 import pika
 import pytest
 
+from relay.amqp.coalesce import WRITE_AT
 from relay.amqp.publisher import Publisher
 from relay.core.outcome import Fate, Outcome
 from relay.errors import BrokerUnavailable
@@ -179,29 +180,37 @@ def test_a_batch_reaches_the_socket_in_one_write_and_arrives_intact(
     amqp_url: str, broker: Broker
 ) -> None:
     """pika writes every frame apart (method, header, body: three sends per message). The
-    publisher hands a batch's frames to the transport as one write, and a chain's message as one
-    write: the broker receives every message whole, in order, bodies split over several frames
-    included."""
+    publisher hands a batch's frames to the transport as one write (in writes of about WRITE_AT
+    bytes when the batch is larger), and a chain's message as one write: the broker receives
+    every message whole, in order, bodies split over several frames included."""
     publisher = Publisher(amqp_url)
     publisher.start()
     try:
         _answers(publisher, [[_item(0, broker.exchange)]])  # the channel is open now
         writes = _spy_writes(publisher)
-        batch = [_item(n, broker.exchange) for n in range(1, 101)]
-        big = b"x" * 300_000  # over frame_max (131,072): three body frames
-        batch[49] = Outgoing(
-            50, batch[49].message_id, broker.exchange, "r", big, batch[49].properties
-        )
-        outcomes = _answers(publisher, [batch])
-        batch_writes = len(writes)
-        chain = [_item(n, broker.exchange) for n in range(101, 104)]
-        chained = _answers(publisher, [chain], chain="k")
-        chain_writes = len(writes) - batch_writes
+        small = [_item(n, broker.exchange) for n in range(1, 101)]
+        outcomes = _answers(publisher, [small])
+        small_writes = list(writes)
+        large = [_item(n, broker.exchange) for n in range(101, 111)]
+        for n in (103, 107):  # over frame_max (131,072): three body frames each
+            was = large[n - 101]
+            large[n - 101] = Outgoing(
+                n, was.message_id, broker.exchange, "r", bytes([n]) * 300_000, was.properties
+            )
+        outcomes += _answers(publisher, [large])
+        large_writes = writes[len(small_writes) :]
+        chain = [_item(n, broker.exchange) for n in range(111, 114)]
+        outcomes += _answers(publisher, [chain], chain="k")
+        chain_writes = writes[len(small_writes) + len(large_writes) :]
     finally:
         publisher.stop()
-    assert [o.fate for o in outcomes + chained] == [Fate.CONFIRMED] * 103
-    assert batch_writes == 1, [len(w) for w in writes]
-    assert chain_writes == 3, [len(w) for w in writes]  # one per message, sent one at a time
-    received = broker.collect(lambda got: len(got) == 104)
-    assert [d.message_id for d in received[1:]] == [i.message_id for i in batch + chain]
-    assert [d.body for d in received[1:]] == [i.body for i in batch + chain]
+    assert [o.fate for o in outcomes] == [Fate.CONFIRMED] * 113
+    assert len(small_writes) == 1, [len(w) for w in writes]
+    # 600 KB in writes of at least WRITE_AT each but the last, so three at most.
+    assert 2 <= len(large_writes) <= 3, [len(w) for w in large_writes]
+    assert all(len(w) >= WRITE_AT for w in large_writes[:-1]), [len(w) for w in large_writes]
+    assert len(chain_writes) == 3, [len(w) for w in chain_writes]  # one a message
+    received = broker.collect(lambda got: len(got) == 114)
+    sent = small + large + chain
+    assert [d.message_id for d in received[1:]] == [i.message_id for i in sent]
+    assert [d.body for d in received[1:]] == [i.body for i in sent]
