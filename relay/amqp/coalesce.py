@@ -7,10 +7,10 @@ ends, in the order pika made them; the transport sends that as its socket takes 
 reads the same bytes, in fewer, larger segments, and spends less time reading them too.
 
 Only the write is changed: pika still marshals every frame and counts it, and a frame written
-outside `coalesced()` (a heartbeat, a channel opening, a confirm of a chain's single message
-when nothing else is sent) goes out as before. Should a pika release no longer route frames
-through `_adapter_emit_data` (a private method of its `BaseConnection` since 1.0), nothing is
-gathered and every frame goes out as pika writes it: slower, never wrong.
+outside `coalesced()` (a heartbeat, a channel opening or closing, the connection's own methods)
+goes out as before. Should a pika release no longer route frames through `_adapter_emit_data`
+(a private method of `BaseConnection` in pika 1.4.4, the release tested), nothing is gathered
+and every frame goes out as pika writes it: slower, never wrong.
 """
 
 from __future__ import annotations

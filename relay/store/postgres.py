@@ -32,8 +32,6 @@ from relay.store.dialect import (
 )
 from relay.store.estimates import TableStats, shares
 
-# ------------------------------------------------------------------------ claiming
-
 # ------------------------------------------------------------------------ per-key order
 
 
@@ -55,6 +53,8 @@ def is_head(row: str, *, blocking: str, unless: str = "") -> str:
         ORDER BY e.key, e.seq LIMIT 1
     ), {row}.seq) >= {row}.seq"""  # noqa: S608 - an alias and a literal list of this module's
 
+
+# ------------------------------------------------------------------------ claiming
 
 # Fragments of the claims below (_CLAIM, _CLAIM_RUN), written once. They keep the claims'
 # placeholders ({filter}, {blocking}) for Postgres._prepare to fill.
