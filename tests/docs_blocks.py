@@ -24,7 +24,8 @@ README = ROOT / "README.md"
 
 # A named block: its fence may be indented (inside a list item) and its language is any word.
 NAMED = re.compile(
-    r"^<!-- (?P<name>[\w.-]+) -->\n(?P<indent> *)```(?P<lang>[\w-]*)\n(?P<code>.*?)^(?P=indent)```\n"
+    r"^<!-- (?P<name>[\w.-]+) -->\n"
+    r"(?P<indent> *)```(?P<lang>[\w-]*)\n(?P<code>.*?)^(?P=indent)```\n"
     r"<!-- /(?P=name) -->",
     re.S | re.M,
 )
