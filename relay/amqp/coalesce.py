@@ -1,15 +1,15 @@
 """A pika connection that writes a batch of messages to its socket at once.
 
 pika hands every frame to its transport as a write of its own, and the transport sends each with
-a `send()` of its own: three system calls per message (method, header, body), 90,000 for a drain
-of 30,000. Inside `coalesced()`, the frames are gathered and handed over as one write when it
-ends, in the order pika made them; the transport sends that as its socket takes it. The broker
-reads the same bytes, in fewer, larger segments, and spends less time reading them too.
+a `send()` of its own: three system calls per message (method, header, body). Inside
+`coalesced()`, the frames are gathered and handed over as one write when it ends, in the order
+pika made them; the transport sends that as its socket takes it. The broker reads the same
+bytes, in fewer, larger segments, and spends less time reading them too.
 
 Only the write is changed: pika still marshals every frame and counts it, and a frame written
 outside `coalesced()` (a heartbeat, a channel opening or closing, the connection's own methods)
-goes out as before. Should a pika release no longer route frames through `_adapter_emit_data`
-(a private method of `BaseConnection` in pika 1.4.4, the release tested), nothing is gathered
+goes out as pika writes it. Should a pika release no longer route frames through
+`_adapter_emit_data` (a private method of `BaseConnection`, as of pika 1.4), nothing is gathered
 and every frame goes out as pika writes it: slower, never wrong.
 """
 

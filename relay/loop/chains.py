@@ -31,15 +31,14 @@ RUN = 127
 # Messages of a chain answered together: a piece's confirmed messages are marked once its last
 # one is confirmed, so this is also what a relay killed mid-chain leaves confirmed and unmarked
 # (and what a chain takes of the publisher's window, whatever its length: the window, not the
-# piece, bounds what a crash leaves). Fewer marks beside the chain: with runs that go on, one
-# hot key drained at 1,705-1,853 msg/s with pieces of 64 against 1,444-1,715 with 32 (in-process,
-# 10,000 messages, the same hour).
+# piece, bounds what a crash leaves). Larger pieces mean fewer marks beside the chain, so a hot
+# key drains faster than with smaller ones (the `hot-key` benchmark drains one).
 PIECE = 64
 # A chain whose run came full (its key has more) goes on: once this many of its messages are left
 # to be confirmed, the key's next NEXT_RUN messages are claimed under the chain's own lease
 # (Store.claim_run) and handed over behind it, so the key's next message follows the chain's last
-# one at once instead of after its mark and a claim (11-17 ms a run, measured). A piece is 64
-# confirms, 20-43 ms at the confirm times measured here, against 11-14 ms to claim the next run.
+# one at once instead of after its mark and a claim. Starting the claim a whole piece before the
+# end leaves it the time of PIECE confirms, which is normally longer than a claim takes.
 EXTEND_AT = PIECE
 NEXT_RUN = RUN + 1
 

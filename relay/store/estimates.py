@@ -1,7 +1,7 @@
 """How many published and cancelled messages a large outbox holds, without counting them.
 
-Counting rows by state reads the whole table: 200-470 ms beside 2 M rows here, and the table holds
-~260 M at the default 3-day retention and 1,000 msg/s. Every other state is counted exactly, through
+Counting rows by state reads the whole table, and the table is large: at the default 3-day
+retention and 1,000 msg/s it holds about 260 M rows. Every other state is counted exactly, through
 the partial indexes (relay/store/counting.py), so only these two are estimated, from what
 PostgreSQL keeps without reading the table:
 

@@ -42,10 +42,10 @@ def is_head(row: str, *, blocking: str, unless: str = "") -> str:
     As a NOT EXISTS (or any lookup of a key's rows by seq), the planner may walk the primary key
     instead, filtering on the key, through every published row on the way: it does when the
     statistics were taken during a burst (every row pending, one key: the key looks like the
-    whole table). A hot key's claim then took 7 ms at 5,000 published rows, growing with the
-    table. A range on the key (not an equality, which the planner would drop from the order)
-    keeps the key in the sort order, which no other index gives: any other plan would have to
-    read and sort the whole key, so it is never chosen."""
+    whole table). A hot key's claim then costs more with every published row. A range on the key
+    (not an equality, which the planner would drop from the order) keeps the key in the sort
+    order, which no other index gives: any other plan would have to read and sort the whole key,
+    so it is never chosen."""
     also = f" AND NOT ({unless})" if unless else ""
     return f"""coalesce((
         SELECT e.seq FROM outbox_message AS e
@@ -282,8 +282,8 @@ SELECT EXISTS (
 # in flight: nothing is unparked, and no claim has to park it again. The check that nothing earlier
 # blocks runs only for a next message that is parked (`nexts` is materialized first). Both read
 # outbox_message_key_idx in key order (is_head): with statistics from before a burst, the planner
-# walked the table by seq for them, through the published rows (7 ms per mark of a hot key's piece
-# at 10,000 rows; to the end of the table for a key with no next message).
+# could walk the table by seq for them instead, through the published rows (to the end of the
+# table for a key with no next message), a cost that grows with the table.
 MARK_PUBLISHED = """
 WITH done AS (
     UPDATE outbox_message
@@ -621,19 +621,18 @@ class Postgres(Dialect):
     # And no JIT: the loop's statements take a millisecond or so, and JIT would compile some of
     # them for tens of milliseconds first whenever the planner overestimates their rows. And no
     # sequential scans where an index serves: every statement of the loop is written as index
-    # scans, and statistics taken before a burst (a table all pending, one key) made the planner
-    # read the whole table for each claim instead (a hot key's drain: 1,250 -> 1,600 msg/s). Nor
-    # bitmap scans: on its generic plan (prepared, below) the claim read every pending row through
-    # a bitmap of the ready index and sorted them to keep `limit` (75-90 ms a claim beside 100,000
-    # pending rows, against 13-20 ms reading the index in order; tests/integration/
-    # test_backlog_plans.py).
+    # scans, and statistics taken before a burst (a table all pending, one key) can make the
+    # planner read the whole table for each claim instead. Nor bitmap scans: on its generic plan
+    # (prepared, below) the claim would read every pending row through a bitmap of the ready index
+    # and sort them to keep `limit`, where reading the index in order stops at `limit` rows
+    # (tests/integration/test_backlog_plans.py).
     relaxed_commit = (
         "SELECT set_config('synchronous_commit', 'off', false), set_config('jit', 'off', false),"
         " set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false)"
     )
-    # Planning the claim costs about as much as running it (a millisecond on this kind of
-    # machine): prepared once a statement has run twice, where no pooler stands between (the
-    # connection's default stays None, which PgBouncer's transaction mode needs).
+    # Planning the claim costs about as much as running it: prepared once a statement has run
+    # twice, where no pooler stands between (the connection's default stays None, which
+    # PgBouncer's transaction mode needs).
     prepare_direct = 2
 
     def _prepare(self, *, blocking: str, resource: str) -> Statements:
