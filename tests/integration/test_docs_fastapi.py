@@ -1,10 +1,10 @@
-"""The README's FastAPI example, exactly as written there, run with FastAPI's TestClient against a
-real database: a good request commits the order and its message, a bad one enqueues nothing."""
+"""The FastAPI example of docs/guides/fastapi.md, exactly as written there, run with FastAPI's
+TestClient against a real database: a good request commits the order and its message, a bad one
+enqueues nothing."""
 
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 import uuid
 import warnings
@@ -18,6 +18,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 import outbox
 from outbox.testing import enqueued
 from tests.conftest import make_app_engine
+from tests.docs_blocks import block
 
 with warnings.catch_warnings():
     # Starlette 1.x asks for `httpx2` (not installed here) and warns on import; httpx works.
@@ -28,21 +29,10 @@ with warnings.catch_warnings():
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-EXAMPLE = re.compile(
-    r"<!-- fastapi-example -->\n```python\n(?P<code>.*?)\n```\n<!-- /fastapi-example -->", re.S
-)
-
-
-def readme_example() -> str:
-    found = EXAMPLE.findall(README.read_text(encoding="utf-8"))
-    assert len(found) == 1, "README.md must hold one fenced block between the fastapi markers"
-    return str(found[0])
-
 
 def load_example(path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """Import the snippet as the module an application would have (removed at teardown)."""
-    name = f"readme_fastapi_{uuid.uuid4().hex[:8]}"
+    name = f"docs_fastapi_{uuid.uuid4().hex[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None
     assert spec.loader is not None
@@ -69,11 +59,11 @@ def order_count(engine: Engine) -> int:
         return int(conn.execute(select(func.count()).select_from(text("orders"))).scalar_one())
 
 
-def test_the_readme_endpoint_enqueues_with_its_order_and_nothing_for_a_bad_request(
+def test_the_documented_endpoint_enqueues_with_its_order_and_nothing_for_a_bad_request(
     database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "shop.py"
-    path.write_text(readme_example() + "\n", encoding="utf-8")
+    path.write_text(block("guides/fastapi.md", "fastapi-example"), encoding="utf-8")
     shop = load_example(path, monkeypatch)
 
     engine = make_app_engine(database)
