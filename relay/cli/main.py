@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn
 
+from outbox.schema import SCHEMA_VERSION
 from relay.cli import circuits, console, demo, grants, messages, retention, run, schema
 from relay.cli.options import Handler, accept_global_options_after, add_global_options, configure
 from relay.core.urls import secrets_of
@@ -50,11 +51,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
-def _version() -> str:
+def version_line() -> str:
+    """`outbox-relay --version`: the release (from the installed package's metadata, whose one
+    source is pyproject.toml) and the schema version this release migrates to."""
     try:
-        return version("outbox-relay")
+        release = version("outbox-relay")
     except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
+        release = "unknown"
+    return f"outbox-relay {release} (schema {SCHEMA_VERSION})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="outbox-relay",
         description="Relay transactional outbox rows to RabbitMQ with publisher confirms.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=version_line())
     add_global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True

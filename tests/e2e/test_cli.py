@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tomllib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, inspect, select, update
 
 import outbox
-from outbox.schema import message, schema_version
+from outbox.schema import SCHEMA_VERSION, message, schema_version
 from relay.store.sql_store import SqlStore
 from tests.conftest import AMQP_URL, Broker, make_app_engine, pg_schema, states, wait_until
 
@@ -241,7 +242,11 @@ def test_global_options_may_follow_the_command(
 def test_version(tmp_path: Path) -> None:
     result = cli("--version", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("outbox-relay ")
+    # pyproject.toml is the one place the release is written: --version reads the metadata built
+    # from it.
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    release = pyproject["project"]["version"]
+    assert result.stdout == f"outbox-relay {release} (schema {SCHEMA_VERSION})\n"
 
 
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"]], ids=["global", "run"])
