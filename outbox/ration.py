@@ -1,12 +1,13 @@
 """How often one application process may NOTIFY the relay: a token bucket.
 
 A NOTIFY wakes an idle relay at the commit, so the message is claimed at once instead of at the
-relay's next poll. But every notifying commit takes PostgreSQL's cluster-wide notification lock
-(field-notes.md), so notifying on every commit would tax a busy application. Rationing by *rate*
-lets a quiet or steady producer notify on every message (100 msg/s stays under the rate), while
-a flood of commits notifies at most `rate` times a second: a relay that busy is polling every few
-milliseconds anyway. The burst lets a short run of commits close together notify each one: a
-relay woken by the first may have claimed before the second committed.
+relay's next poll. But every notifying commit takes PostgreSQL's cluster-wide notification lock and
+holds it through its WAL flush, so notifying commits queue behind one another, and notifying on
+every commit would tax a busy application. Rationing by *rate* lets a quiet or steady producer
+notify on every message (100 msg/s stays under the rate), while a flood of commits notifies at most
+`rate` times a second: a relay that busy is polling every few milliseconds anyway. The burst lets a
+short run of commits close together notify each one: a relay woken by the first may have claimed
+before the second committed.
 
 Pure: the caller passes the monotonic clock's reading.
 """

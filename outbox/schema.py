@@ -240,7 +240,7 @@ schema_version = Table(
 )
 
 
-# Indexes an earlier version created and a later one replaced, as that version declared them
+# Indexes an older schema version created and a newer one replaced, as the older declared them
 # (a MetaData of their own: never created from here). Migrate drops them.
 _retired = MetaData()
 OBSOLETE_INDEXES: tuple[Index, ...] = (
