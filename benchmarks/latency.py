@@ -1,11 +1,11 @@
 """Commit-to-consumer latency at 100 msg/s after an idle spell, beside RabbitMQ's own floor.
 
-Measured the way the other Python outboxes were (shared/design/field-notes.md): a real consumer
-records when each message arrives; the latency is that moment minus the producer's time right
-after its commit returned. The floor is RabbitMQ alone in the same run: the same message
-published with confirms (persistent, mandatory) to the same exchange, queue and consumer, timed
-from just before the publish. Runs alternate floor and relay (three of each by default) so that
-the machine's load, which changes by the second here, weighs on both alike.
+Measured end to end, as a user of the messages sees it: a real consumer records when each message
+arrives; the latency is that moment minus the producer's time right after its commit returned. The
+floor is RabbitMQ alone in the same run: the same message published with confirms (persistent,
+mandatory) to the same exchange, queue and consumer, timed from just before the publish. Runs
+alternate floor and relay (three of each by default) so that the machine's load, which may change by
+the second, weighs on both alike.
 
 The producer and the consumer are threads of this process, so both read one clock
 (time.perf_counter); the relay is `outbox-relay run` with its defaults, as operators run it.
