@@ -184,11 +184,11 @@ class Keys:
 
 RATE = 1000.0  # messages/s the writers commit in all, unless a scenario says otherwise
 UNIFORM = Keys()
-# 3 keys with 80% of the traffic, at HOT_RATE: 160 messages/s each. Sent one message per broker
-# confirm, a hot key drained at 1,100-2,400/s with the machine to itself (a committed backlog, no
-# writers), but at 300-500/s beside a run's writers, consumer and checker on 2 CPUs: at RATE it
-# would get 267/s and gain only ~50/s on a backlog, behind for the whole run. At 160/s a 4 s
-# broker cut leaves ~800 behind each (six runs), drained within seconds of the relay's return.
+# 3 keys with 80% of the traffic, at HOT_RATE: 160 messages/s each. A hot key is sent one
+# message per broker confirm, and beside a run's writers, consumer and checker it must still
+# drain well above the rate it is written at, or a fault's backlog would never be caught up
+# (at RATE each hot key would get 267/s). At 160/s a 4 s broker cut leaves ~800 behind each,
+# drained within seconds of the relay's return.
 HOT = Keys(hot=3, hot_share=0.8)
 HOT_RATE = 600.0
 
@@ -473,8 +473,8 @@ def kill_mid_run(
     """SIGKILL the relay `kills` times, restarting it each time: each kill after a pause of
     `between` seconds, then once the relay holds at least `rows` messages of the hot keys in
     flight (its runs: the kill lands in the middle of their chains) or `wait` seconds have
-    passed, then up to 0.25 s more (a run of 128 takes about 0.3 s here), so it hits any part of
-    a chain. What each killed relay held is in ctx.kills_in_flight."""
+    passed, then up to 0.25 s more (less than a run of 128 takes to publish), so it hits any
+    part of a chain. What each killed relay held is in ctx.kills_in_flight."""
 
     def fault(ctx: Context) -> None:
         assert ctx.engine is not None

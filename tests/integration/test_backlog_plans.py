@@ -1,14 +1,13 @@
 """A claim reads what it claims, not the backlog, even on its generic plan (PostgreSQL).
 
-The relay loop prepares its statements on a direct connection, and after a few runs PostgreSQL
-plans a prepared statement once for any parameters (the generic plan). For the claim it guessed
-that one row or so would pass the resource filter and the due time, and chose to read every
-pending row through a bitmap of the ready index, then sort them, to keep the first `limit`: 75-90
-ms a claim beside 100,000 pending rows, where reading the index in order takes 13-20 ms, and worse
-the longer the backlog (an outage's backlog is when the drain matters most). The loop's
-connections now plan no bitmap scans. The claim is run here on its generic plan (forced), inside
-a transaction that is rolled back, and the rows it fetched from outbox_message are counted from
-that transaction's own statistics.
+The relay loop prepares its statements on a direct connection, and after a few runs PostgreSQL plans
+a prepared statement once for any parameters (the generic plan). For the claim it can guess that one
+row or so would pass the resource filter and the due time, and choose to read every pending row
+through a bitmap of the ready index, then sort them, to keep the first `limit`: slower than reading
+the index in order, and the slower the longer the backlog (an outage's backlog is when the drain
+matters most). So the loop's connections plan no bitmap scans. The claim is run here on its generic
+plan (forced), inside a transaction that is rolled back, and the rows it fetched from outbox_message
+are counted from that transaction's own statistics.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ may throw away at most as many rows as the key has in its backlog, never its pub
 Two such states: most of the key published (its next run's head check), and a key whose old
 head is followed by other keys' published rows (its run, and the next message after its head).
 
-The head check used to be probed along the primary key from the table's first row, through every
-published row of the key: 7 ms a claim at 5,000 published rows in a drain, and, here, a first
-claim that threw away 10 million rows (each of its 500 candidates walked the 20,000).
+What this guards against: a head check probed along the primary key from the table's first row,
+through every published row of the key, so that each claim costs more the more of the key is
+published, and a claim of many candidates walks the key's published rows once for each.
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ def test_poison_rows_hurt_only_themselves(
 
     if database == "sqlite":
         # Two rows of one key, both malformed the same way, in one claim: a chain whose first
-        # two rows cannot be built. The second used to be left in flight for ever.
+        # two rows cannot be built. The second must not be left in flight for ever.
         example = hypothesis_example(rows=[TWO_BAD_KEYS, TWO_BAD_KEYS])(example)
     example()
 

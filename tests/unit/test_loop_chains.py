@@ -156,7 +156,7 @@ def test_a_malformed_row_holds_back_the_rest_of_its_chain() -> None:
 
 def test_a_second_malformed_row_behind_the_first_is_held_back_not_lost() -> None:
     # Both rows of the piece fail to build: the first is dead-lettered, and the second, like any
-    # row behind it, is given back unsent (it used to be dropped from the answer: never settled,
+    # row behind it, is given back unsent (dropped from the answer, it would never be settled:
     # its lease extended for ever, its key stuck behind it).
     store, publisher, relay = _chain_of_three(1, 2)
     states = store.states()

@@ -1,5 +1,5 @@
 """The relay's histograms have bucket edges that tell its latencies apart: milliseconds from 1 ms
-to 60 s (the SDK's defaults made one bucket of everything under 5 s) and batch sizes."""
+to 60 s (the SDK's defaults would make one bucket of everything under 5 s) and batch sizes."""
 
 from __future__ import annotations
 

@@ -222,7 +222,7 @@ def test_a_row_held_with_nothing_to_settle_it_is_given_back_at_the_next_upkeep(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The safety net under bugs like a chain's piece dropping a row from its answer: such a row
-    # kept its lease, extended at every upkeep, and its key behind it, for ever.
+    # would keep its lease, extended at every upkeep, and its key behind it, for ever.
     store = FakeStore()
     store.add(*(make_claimed(i, key="k") for i in (1, 2)), make_claimed(3))
     publisher = FakePublisher(hold=True)
@@ -230,7 +230,7 @@ def test_a_row_held_with_nothing_to_settle_it_is_given_back_at_the_next_upkeep(
     relay.run_once()
     assert relay.in_flight == 3
     lease = next(iter(relay._leases.values()))
-    for chunk in lease.chunks.values():  # the bug: row 2 vanishes from what was handed over
+    for chunk in lease.chunks.values():  # a bug: row 2 vanishes from what was handed over
         if 2 in chunk.seqs:
             chunk.seqs.remove(2)
     counts = relay.run_once()  # no upkeep due yet: nothing is looked at
