@@ -9,9 +9,9 @@
 - wakeup-cost: 8 writer threads at full speed, the business row plus an outbox row, with NOTIFY
   off, rationed (the default) and on every commit; and the business row alone.
 
-The machine is shared and its load moves by the second, so each figure is taken in rounds: every
-variant once per round, in turn, and each ratio is the median over the rounds of the ratio to the
-same round's baseline.
+A machine's load can move by the second, so each figure is taken in rounds: every variant once per
+round, in turn, and each ratio is the median over the rounds of the ratio to the same round's
+baseline.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What `outbox.enqueue` costs a one-row transaction, on whichever database `--db` names: one
 writer, one transaction at a time, each inserting a business row, with and without an outbox row.
 
-The machine is shared and its load moves by the second, so the two run in interleaved rounds and
-the cost is the median over the rounds of each round's ratio. (benchmarks/enqueue_cost.py has the
-fuller PostgreSQL comparison: a second plain row, NOTIFY, asyncpg, txoutbox.)
+A machine's load can move by the second, so the two run in interleaved rounds and the cost is the
+median over the rounds of each round's ratio. (benchmarks/enqueue_cost.py has the fuller PostgreSQL
+comparison: a second plain row, NOTIFY, asyncpg, txoutbox.)
 """
 
 from __future__ import annotations

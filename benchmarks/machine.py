@@ -1,7 +1,7 @@
 """Where the machine's CPU went during a phase: the relay, RabbitMQ, the database (PostgreSQL or
 MariaDB/MySQL), the rest, idle.
 
-On a 2-core machine the broker, the database and the relay share the same cores, so a relay that
+On a small machine the broker, the database and the relay share the same cores, so a relay that
 burns CPU slows the broker down as surely as one that waits too much. Linux only (/proc); on other
 systems every reading is None and the report leaves the split out.
 """

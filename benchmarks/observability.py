@@ -4,16 +4,18 @@
 One run, one database. The outbox measured holds a small backlog and some failures (pending and
 delayed, in flight under a lease that outlasts the run, dead, discarded: nothing for the relay to
 send), then published rows written straight in (INSERT ... SELECT generate_series: millions a
-minute) up to each size, each followed by VACUUM ANALYZE, as autovacuum would (it is off on this
-machine), and a checkpoint. Beside it, in a schema of its own, the baseline: the same backlog and
-failures without a published row. At each size, each figure is taken on both, alternately, so the
-machine's load (shared here) weighs on both alike:
+minute) up to each size, each followed by VACUUM ANALYZE, as autovacuum would (explicitly, so the
+figures do not depend on when autovacuum runs), and a checkpoint. Beside it, in a schema of its
+own, the baseline: the same backlog and failures without a published row. At each size, each
+figure is taken on both, alternately, so the machine's load, whatever else runs on it, weighs on
+both alike:
 
 - `/metrics` of an `outbox-relay run --http-port` on each: each scrape reads the state gauges from
   the database (scrapes are spaced past the gauges' half-second cache);
 - `outbox-relay status` as a process, as an operator runs it;
 - `SqlStore.counts()` in this process: the database's share of both;
-- and, for comparison, what both read before: `SELECT state, count(*) ... GROUP BY state`.
+- and, for comparison, a plain count that reads the whole table:
+  `SELECT state, count(*) ... GROUP BY state`.
 
 Medians; targets: `/metrics` <= 50 ms, status <= 1.3x its time beside no published row.
 """
