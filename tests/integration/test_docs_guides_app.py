@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +23,7 @@ from sqlalchemy.orm import Session
 import outbox
 from outbox.config import settings
 from outbox.testing import assert_enqueued, enqueued
-from tests.docs_blocks import block
+from tests.docs_blocks import DOCS, block
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -156,3 +160,49 @@ def test_writing_async_enqueues_in_the_callers_transaction(pg_url: str, pg_engin
     asyncio.run(scenario())
     with Session(pg_engine) as session:
         assert_enqueued(session, payload={"order_id": 7}, key="order-7", count=1)
+
+
+# --------------------------------------------------------------------------- guides/testing.md
+
+
+def test_testing_example_passes_under_pytest(pg_url: str, tmp_path: Path) -> None:
+    """The page's three files, as a project of their own, run by pytest in a subprocess."""
+    files = {
+        "shop.py": block("guides/testing.md", "testing-app"),
+        "conftest.py": page_code(
+            "guides/testing.md",
+            "testing-conftest",
+            **{"postgresql+psycopg://outbox:outbox@localhost:5432/outbox_test": pg_url},
+        ),
+        "test_shop.py": block("guides/testing.md", "testing-example"),
+        "pytest.ini": "[pytest]\nfilterwarnings = error\n",  # not this repository's settings
+    }
+    for name, code in files.items():
+        (tmp_path / name).write_text(code)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
+
+
+def test_testing_failure_message_is_the_one_shown(pg_engine: Engine) -> None:
+    page = (DOCS / "guides" / "testing.md").read_text()
+    shown = re.search(r"```text\n(AssertionError: .*?)\n```", page, re.S)
+    assert shown is not None
+    with Session(pg_engine) as session:
+        message_id = outbox.enqueue(
+            session, exchange="orders", routing_key="order.created",
+            payload={"order_id": 17}, key="17",
+        )  # fmt: skip
+        with pytest.raises(AssertionError) as failed:
+            assert_enqueued(
+                session, exchange="orders", routing_key="order.created",
+                payload={"id": 17}, key="17",
+            )  # fmt: skip
+    got = f"AssertionError: {failed.value}".replace(str(message_id), "01a2...")
+    assert got == shown.group(1)
