@@ -181,13 +181,14 @@ def test_the_image_runs_the_cli_and_exposes_the_http_port() -> None:
 
 
 def test_compose_postgres_matches_the_documented_url() -> None:
+    """The deployment page gives the URL of compose's PostgreSQL as seen from the host."""
     env = compose()["services"]["postgres"]["environment"]
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "operations" / "deploying.md").read_text()
     url = (
         f"postgresql+psycopg://{env['POSTGRES_USER']}:{env['POSTGRES_PASSWORD']}"
         f"@localhost:5432/{env['POSTGRES_DB']}"
     )
-    assert url in readme
+    assert url in page
 
 
 @pytest.mark.parametrize(
