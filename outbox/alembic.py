@@ -4,8 +4,8 @@ Either Alembic owns the outbox tables too: list `outbox.metadata` in `target_met
 autogenerate creates them (then upgrades them when a new version of `outbox` changes them); call
 `apply_storage_settings(op)` in the migration that creates them. Or `outbox-relay migrate` owns
 them: pass `include_object` (or `excluding_outbox(your_filter)`) to `context.configure`, and
-autogenerate leaves them alone instead of proposing to drop them. README.md, "Alembic", has both
-env.py files.
+autogenerate leaves them alone instead of proposing to drop them. The documentation's Alembic
+guide (docs/guides/alembic.md) has both env.py files.
 
 Nothing here imports Alembic: it is the application's dependency, not the outbox's.
 """
