@@ -76,7 +76,7 @@ class Properties(pika.BasicProperties):  # type: ignore[misc]  # pika ships no t
     def encode(self) -> list[bytes]:
         if self.headers is None or not _has_float(self.headers):
             # pika writes every other value as encode_value would (tests/unit/test_outbox_codec.py
-            # compares the bytes), and at less than half the cost: this runs per message sent.
+            # compares the bytes), and more cheaply: this runs for every message sent.
             return list(pika.BasicProperties.encode(self))
         # pika writes everything but the headers; the headers table goes where AMQP puts it,
         # after content-type and content-encoding (the property list's order is fixed by the
