@@ -274,7 +274,7 @@ def raise_sqlstate(session: Session, condition: str) -> None:
 def test_a_handler_that_always_deadlocks_uses_its_attempts_and_is_dead_lettered(
     pg_engine: Engine, broker: Broker, queue: str, run_consumer: Callable[..., outbox.Consumer]
 ) -> None:
-    # Before: a deadlock counted as "database down" and was requeued forever, attempt 1 each time.
+    # Counted as "database down", a deadlock would be requeued forever, attempt 1 each time.
     runs: list[int] = []
 
     def deadlocks(session: Session, message: outbox.Message) -> None:
