@@ -661,7 +661,7 @@ def test_a_console_run_as_the_viewer_role_reads_and_refuses_actions(granted: Rol
                     assert http.get(f"/api/messages/{dead}").json()["state"] == "dead"
                     seen = http.get("/api/overview").json()
                     assert seen["counts"]["dead"] == 1, kind
-                    # A role that may not read outbox_relay (grants' viewer and operator, today)
+                    # A role that may not read outbox_relay (grants' viewer and operator roles)
                     # gets the rest of the overview.
                     assert seen["relays"] in (None, [])
                     answer = http.post(f"/api/messages/{dead}/replay")
