@@ -1,10 +1,10 @@
-"""`outbox-relay grants` as an operator runs it: the README's SQL is what the command prints, the
-README's pipeline (`outbox-relay grants ... | psql ...`) runs as shown, and `outbox-relay run`
-works as the relay role it grants, beside an application role that enqueues."""
+"""`outbox-relay grants` as an operator runs it: the SQL of docs/guides/roles.md is what the
+command prints, the page's pipeline (`outbox-relay grants ... | psql ...`) runs as shown, and
+`outbox-relay run` works as the relay role it grants, beside an application role that
+enqueues."""
 
 from __future__ import annotations
 
-import re
 import shlex
 import signal
 import subprocess
@@ -18,13 +18,14 @@ from sqlalchemy import Engine
 import outbox
 from relay.cli.main import main
 from tests.conftest import AMQP_URL, Broker, states, wait_until
+from tests.docs_blocks import block
 from tests.e2e.test_cli import cli, environment
 from tests.integration.test_least_privilege import (
+    PAGE,
     Roles,
+    documented_grants_argv,
+    documented_pipeline,
     psql_environment,
-    readme_grants_argv,
-    readme_pipeline,
-    readme_section,
     roles,
     run_cli,
 )
@@ -34,13 +35,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 __all__ = ["roles"]  # a fixture, used by name
 
 
-def test_the_readme_shows_what_the_command_prints(tmp_path: Path) -> None:
-    left, _ = readme_pipeline()
-    shown = re.search(r"```sql\n(.*?)```", readme_section(), re.DOTALL)
-    assert shown, "the README's least-privilege section shows no SQL"
+def test_the_page_shows_what_the_command_prints(tmp_path: Path) -> None:
+    left, _ = documented_pipeline()
+    shown = block(PAGE, "grants-sql")
+    assert shown, f"{PAGE} shows no SQL"
     printed = cli(*left[1:], cwd=tmp_path)
     assert printed.returncode == 0, printed.stderr
-    assert printed.stdout == shown.group(1)
+    assert printed.stdout == shown
 
 
 @pytest.mark.parametrize(
@@ -70,9 +71,9 @@ def test_the_relay_role_runs_the_relay_beside_the_application_role(
 ) -> None:
     code, _, err = run_cli("--db", roles.url("owner"), "migrate")
     assert code == 0, err
-    # The README's pipeline exactly as shown (with this test's names), through a shell, the
+    # The page's pipeline exactly as shown (with this test's names), through a shell, the
     # console script found on PATH as an operator's shell finds it.
-    left, right = readme_grants_argv(roles)
+    left, right = documented_grants_argv(roles)
     env = psql_environment()
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     piped = subprocess.run(

@@ -1,9 +1,9 @@
-"""Least privilege on PostgreSQL: login roles of this test's own get exactly what the README's
-`outbox-relay grants ... | psql` gives them (run as the tables' owner, after migrating as it),
-and each does its work with that and no more: the application enqueues (and cannot change, delete
-or read a message), the consumer uses its inbox, the relay publishes, keeps its circuits and
-purges, the viewer reads and is refused every write in one line naming the privilege, and the
-operator acts.
+"""Least privilege on PostgreSQL: login roles of this test's own get exactly what the
+`outbox-relay grants ... | psql` of docs/guides/roles.md gives them (run as the tables' owner,
+after migrating as it), and each does its work with that and no more: the application enqueues
+(and cannot change, delete or read a message), the consumer uses its inbox, the relay publishes,
+keeps its circuits and purges, the viewer reads and is refused every write in one line naming
+the privilege, and the operator acts.
 
 Roles are cluster-wide: each is named t_<random>_<kind>, and only those are dropped at teardown
 (DROP OWNED, then DROP ROLE). The server trusts 127.0.0.1, so LOGIN roles need no password.
@@ -22,7 +22,6 @@ import subprocess
 import urllib.parse
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Connection, Engine, create_engine, text
@@ -37,29 +36,25 @@ from relay.core.retention import RetentionPolicy
 from relay.ports import RetentionFailed
 from relay.store.retention import cutoff_id
 from tests.conftest import PG_ADMIN_URL, Broker, RelayFactory, pg_schema, states, wait_until
+from tests.docs_blocks import block
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 # "stranger" is granted nothing.
 KINDS = ("owner", "app", "consumer", "relay", "viewer", "operator", "stranger")
-# The README's command names each kind of role through its option.
+# The page's command names each kind of role through its option.
 OPTIONS = {"--app": "app", "--consumer": "consumer", "--relay": "relay", "--viewer": "viewer",
            "--operator": "operator"}  # fmt: skip
 
 
-def readme_section() -> str:
-    body = README.read_text(encoding="utf-8")
-    start = body.index("### Least-privilege roles")
-    end = body.find("\n#", start + 1)
-    return body[start : end if end != -1 else len(body)]
+PAGE = "guides/roles.md"
 
 
-def readme_pipeline() -> tuple[list[str], list[str]]:
-    """The README's `outbox-relay grants ... | psql ...` command, as its two argv lists."""
-    section = readme_section()
-    found = re.search(r"^outbox-relay grants .*?(?<!\\)$", section, re.MULTILINE | re.DOTALL)
-    assert found, "the README's least-privilege section shows no `outbox-relay grants` command"
+def documented_pipeline() -> tuple[list[str], list[str]]:
+    """The page's `outbox-relay grants ... | psql ...` command, as its two argv lists."""
+    commands = block(PAGE, "grants-command")
+    found = re.search(r"^outbox-relay grants .*?(?<!\\)$", commands, re.MULTILINE | re.DOTALL)
+    assert found, f"{PAGE}'s grants-command block shows no `outbox-relay grants` command"
     left, _, right = found.group(0).replace("\\\n", " ").partition("|")
     return shlex.split(left), shlex.split(right)
 
@@ -121,26 +116,26 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def readme_grants_argv(roles: Roles) -> tuple[list[str], list[str]]:
-    """The README's `outbox-relay grants ... | psql ...` with this test's role and schema names
-    and the owner's login in place of the README's."""
-    left, right = readme_pipeline()
+def documented_grants_argv(roles: Roles) -> tuple[list[str], list[str]]:
+    """The page's `outbox-relay grants ... | psql ...` with this test's role and schema names
+    and the owner's login in place of the page's."""
+    left, right = documented_pipeline()
     names = {"--schema": roles.schema, **{o: roles.names[k] for o, k in OPTIONS.items()}}
     assert left[:2] == ["outbox-relay", "grants"], left
-    assert set(names) <= set(left), f"the README's command should name every option: {left}"
+    assert set(names) <= set(left), f"the page's command should name every option: {left}"
     left = [names.get(before, arg) for before, arg in zip(["", *left], left, strict=False)]
     assert right[0] == "psql", right
     right = [roles.libpq("owner") if a.startswith("postgresql://") else a for a in right]
     return left, right
 
 
-def apply_readme_grants(roles: Roles) -> None:
-    """Migrate as the owner (so it owns the tables), then the README's pipeline with this test's
+def apply_documented_grants(roles: Roles) -> None:
+    """Migrate as the owner (so it owns the tables), then the page's pipeline with this test's
     names: the command in this process (tests/e2e/test_grants_cli.py runs it as a process),
     its output piped to psql as shown."""
     code, _, err = run_cli("--db", roles.url("owner"), "migrate")
     assert code == 0, err
-    left, right = readme_grants_argv(roles)
+    left, right = documented_grants_argv(roles)
     code, sql, err = run_cli(*left[1:])
     assert code == 0, err
     done = subprocess.run(
@@ -158,8 +153,8 @@ def psql_environment() -> dict[str, str]:
 
 @pytest.fixture
 def granted(roles: Roles) -> Roles:
-    """`roles`, with the outbox migrated by the owner and the README's grants applied."""
-    apply_readme_grants(roles)
+    """`roles`, with the outbox migrated by the owner and the page's grants applied."""
+    apply_documented_grants(roles)
     return roles
 
 
