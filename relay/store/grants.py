@@ -1,6 +1,7 @@
 """Least privilege on PostgreSQL: what each role needs of the outbox tables, as GRANT statements,
 and which of those a role lacks. The one source of truth for `outbox-relay grants`, the grants
-shown in docs/guides/roles.md and the CLI's "permission denied" messages. SQLite has no roles: none of this applies.
+shown in docs/guides/roles.md and the CLI's "permission denied" messages. SQLite has no roles:
+none of this applies.
 
 Each *capability* lists the privileges its statements need (read from the statements themselves:
 outbox/enqueue.py, outbox/consumer/inbox.py, postgres.py, common.py, admin.py, retention.py); a
