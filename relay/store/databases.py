@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 from sqlalchemy.engine import URL, make_url
@@ -39,7 +40,32 @@ def database_url(raw: str) -> URL:
         wanted = " or ".join(f"{backend}+{d}" for d in dialect.drivers)
         raise ConfigError(f"unsupported driver {url.drivername!r} (use {wanted})")
     driver_arguments(url)  # a bad value is a configuration error now, not a crash later
+    require_driver(url.get_driver_name())
     return url
+
+
+# The drivers an extra of outbox-relay installs: the module each is imported as, and how to get
+# it. PyMySQL is an extra; psycopg is always installed, but needs libpq (the PostgreSQL client
+# library) unless its binary build is, which bundles one.
+DRIVER_INSTALLS: dict[str, tuple[str, str]] = {
+    "pymysql": ("pymysql", "PyMySQL is not installed: pip install 'outbox-relay[mysql]'"),
+    "psycopg": (
+        "psycopg",
+        "psycopg cannot load libpq, the PostgreSQL client library: install it (libpq5 on "
+        "Debian and Ubuntu), or pip install 'outbox-relay[binary]'",
+    ),
+}
+
+
+def require_driver(driver: str) -> None:
+    """ConfigError, saying what to install, when `driver` cannot be imported."""
+    if driver not in DRIVER_INSTALLS:
+        return
+    module, remedy = DRIVER_INSTALLS[driver]
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(remedy) from None
 
 
 # psycopg's prepare_threshold: how many runs of a statement before psycopg prepares it on the

@@ -22,12 +22,12 @@ quoted.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import takewhile
 from typing import Any
 
-import pymysql.converters
 from sqlalchemy import BigInteger, Connection, Integer, String
 from sqlalchemy.exc import DBAPIError
 
@@ -420,13 +420,20 @@ MYSQL_TIMEOUT = "SET SESSION max_execution_time = CAST(%s AS UNSIGNED)"
 def _utc_datetime(value: dt.datetime, mapping: Any = None) -> str:
     """A datetime as the server reads it: UTC. PyMySQL writes a datetime's digits and drops its
     offset, so an aware time from another zone would be stored hours off."""
+    import pymysql.converters
+
     if value.tzinfo is not None:
         value = value.astimezone(dt.UTC).replace(tzinfo=None)
     return str(pymysql.converters.escape_datetime(value, mapping))
 
 
-# PyMySQL's conversions, with that one change.
-CONVERSIONS: dict[Any, Any] = {**pymysql.converters.conversions, dt.datetime: _utc_datetime}
+@functools.cache
+def conversions() -> dict[Any, Any]:
+    """PyMySQL's conversions, with that one change. Imported when a MySQL engine is made:
+    PyMySQL is an extra (outbox-relay[mysql]), absent for PostgreSQL and SQLite users."""
+    import pymysql.converters
+
+    return {**pymysql.converters.conversions, dt.datetime: _utc_datetime}
 
 
 class Mysql(Dialect):
@@ -544,7 +551,7 @@ class Mysql(Dialect):
             # Engines that open transactions (operator commands) open them READ COMMITTED too;
             # the relay's own (autocommit) get it from on_connect.
             "isolation_level": "READ COMMITTED",
-            "connect_args": {"connect_timeout": 5, "conv": CONVERSIONS, "charset": "utf8mb4"},
+            "connect_args": {"connect_timeout": 5, "conv": conversions(), "charset": "utf8mb4"},
         }
 
     @classmethod
