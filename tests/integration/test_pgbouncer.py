@@ -1,7 +1,7 @@
 """Behind PgBouncer in transaction pooling mode, with no extra flag: two relays and an application
 deliver everything, the CLI works, the relay leaves nothing of its own on the server connections
-others borrow, finds out that LISTEN is not carried and polls, and the application engines the
-README shows work.
+others borrow, finds out that LISTEN is not carried and polls, and the application engines that
+docs/guides/pgbouncer.md shows work.
 
 One real PgBouncer (tests/pgbouncer.py) serves the module, with small pools so that clients
 really share server connections. Each test gets a database of its own behind it: the per-test
@@ -39,12 +39,12 @@ from relay.runtime.wakeup import Listener, listener_for
 from relay.store.databases import driver_arguments
 from relay.store.sql_store import SqlStore, make_engine, open_store
 from tests.conftest import AMQP_URL, PG_ADMIN_URL, Broker, pg_schema, wait_until
+from tests.docs_blocks import block
 from tests.e2e.test_cli import environment
 from tests.pgbouncer import Databases, PgBouncer, running
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 # What psycopg's automatic prepared statements meet behind a transaction pooler, by SQLSTATE: a
 # name another client prepared on that server connection (duplicate_prepared_statement), a
 # statement prepared on another server connection (invalid_sql_statement_name), or a name that
@@ -309,7 +309,7 @@ def test_the_relay_leaves_no_session_setting_on_server_connections_others_borrow
 def test_a_statement_timeout_the_server_sets_applies_behind_pgbouncer(
     pooled: Pooled, pg_admin: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # What the README advises (per role); per database here, the same mechanism: PostgreSQL
+    # What the docs advise (per role); per database here, the same mechanism: PostgreSQL
     # applies it to every server connection PgBouncer opens, and only to that role's (database's).
     with pg_admin.connect() as conn:
         conn.exec_driver_sql(f"ALTER DATABASE \"{pooled.name}\" SET statement_timeout = '25s'")
@@ -427,7 +427,7 @@ def test_two_relays_and_an_application_through_pgbouncer_deliver_everything_in_o
         )
         assert all(r.poll() is None for r in relays), [log.read_text() for log in logs]
 
-        # The application, as the README configures its engine: two writers, each owning its
+        # The application, as the docs configure its engine: two writers, each owning its
         # keys (so enqueue order per key is the writer's order), 1-3 messages per transaction,
         # every seventh transaction rolled back, until both relays have run a while.
         engine = create_engine(pooled.url, connect_args={"prepare_threshold": None})
@@ -539,14 +539,11 @@ def test_two_relays_and_an_application_through_pgbouncer_deliver_everything_in_o
 # --------------------------------------------------------------------------- the application
 
 
-def readme_engines(url_for: Callable[[str], str]) -> dict[str, Any]:
-    """Run the README's PgBouncer snippet with its URLs pointed at this test's database (each
-    `postgresql+DRIVER://...` literal becomes `url_for(DRIVER)`); return what it defines."""
-    section = README.read_text().split("\n### PgBouncer\n", 1)[1]
-    section = re.split(r"\n#{2,3} ", section, maxsplit=1)[0]
-    [snippet] = [
-        b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "connect_args" in b
-    ]
+def documented_engines(url_for: Callable[[str], str]) -> dict[str, Any]:
+    """Run the engines block of docs/guides/pgbouncer.md with its URLs pointed at this test's
+    database (each `postgresql+DRIVER://...` literal becomes `url_for(DRIVER)`); return what it
+    defines."""
+    snippet = block("guides/pgbouncer.md", "pgbouncer-engines")
 
     def point(match: re.Match[str]) -> str:
         return repr(url_for(match.group(1)))
@@ -554,12 +551,12 @@ def readme_engines(url_for: Callable[[str], str]) -> dict[str, Any]:
     code = re.sub(r'"postgresql\+(\w+)://[^"]*"', point, snippet)
     assert code != snippet
     defined: dict[str, Any] = {}
-    exec(compile(code, "README.md (PgBouncer)", "exec"), defined)
+    exec(compile(code, "docs/guides/pgbouncer.md", "exec"), defined)
     return defined
 
 
-def test_the_readme_application_engines_work_through_pgbouncer(migrated: Pooled) -> None:
-    engines = readme_engines(migrated.on)
+def test_the_documented_application_engines_work_through_pgbouncer(migrated: Pooled) -> None:
+    engines = documented_engines(migrated.on)
     engine, async_engine = engines["engine"], engines["async_engine"]
     assert isinstance(engine, Engine)
 
@@ -581,7 +578,7 @@ def test_the_readme_application_engines_work_through_pgbouncer(migrated: Pooled)
     assert all(sqlstate(e) in PREPARED_STATEMENT_ERRORS for e in errors), errors
 
     written = 0
-    try:  # psycopg 3, as the README sets it: many transactions on four threads, no error
+    try:  # psycopg 3, as the docs set it: many transactions on four threads, no error
         assert _run_threads(4, write_with(engine)) == []
         written += 200
     finally:
@@ -595,7 +592,7 @@ def test_the_readme_application_engines_work_through_pgbouncer(migrated: Pooled)
     finally:
         psycopg2_engine.dispose()
 
-    async def asyncpg_writers() -> None:  # asyncpg, as the README sets it
+    async def asyncpg_writers() -> None:  # asyncpg, as the docs set it
         async def write(i: int) -> None:
             for n in range(50):
                 async with async_engine.begin() as conn:
