@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per phase at most (600)")
     p.add_argument("--json", type=Path, help="also write the results to this file as JSON")
     p.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="FILE",
+        help="also write the report to FILE as Markdown, dated (the docs' performance page)",
+    )
+    p.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -595,6 +601,8 @@ def _report(
             f"({relay.figure.split(', ')[-1]}: {relay.rate / base:.2f}x)"
         )
     print("\n".join(out), flush=True)
+    if args.markdown is not None:
+        _write_markdown(args.markdown, out)
     if args.json is not None:
         args.json.write_text(
             json.dumps(
@@ -614,3 +622,28 @@ def _report(
             )
             + "\n"
         )
+
+
+def _write_markdown(path: Path, report: list[str]) -> None:
+    """The report as a Markdown fragment the performance page includes: when, where and how it was
+    measured on one line each, then the table as the command printed it."""
+    command = next(line for line in report if line.startswith("command : "))
+    machine = next(line for line in report if line.startswith("machine : "))
+    body = [line for line in report if not line.startswith(("command : ", "machine : "))]
+    while body and body[0] in ("", "outbox-relay benchmark"):
+        body.pop(0)
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    text = [
+        f"Measured {day} on {machine.removeprefix('machine : ')}.",
+        "",
+        "```sh",
+        command.removeprefix("command : "),
+        "```",
+        "",
+        "```text",
+        *body,
+        "```",
+        "",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(text), encoding="utf-8")

@@ -33,7 +33,7 @@ def add_parser(sub: Commands) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     actions = p.add_subparsers(dest="circuits_action", metavar="ACTION")
     reset = actions.add_parser("reset", help="close one resource's circuit by hand")
-    reset.add_argument("resource", metavar="RESOURCE")
+    reset.add_argument("resource", metavar="RESOURCE", help="the resource, as `circuits` lists it")
     # SUPPRESS: `circuits --json reset X` keeps the --json given before the action.
     reset.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
 

@@ -55,8 +55,8 @@ def _states(raw: str) -> list[str]:
 def _add_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", type=_states, action="extend", default=[],
                    help="state(s), comma-separated or repeated")  # fmt: skip
-    p.add_argument("--exchange")
-    p.add_argument("--routing-key")
+    p.add_argument("--exchange", help='exchange, exactly ("" is the default exchange)')
+    p.add_argument("--routing-key", help="routing key, exactly")
     p.add_argument("--key", help="ordering key")
     for name in ("created-since", "created-until", "failed-since", "failed-until"):
         p.add_argument(f"--{name}", metavar="WHEN",
@@ -69,32 +69,34 @@ def add_parsers(sub: Commands) -> None:
     _add_filters(messages)
     messages.add_argument("--limit", type=argparse_type(positive_int), default=50,
                           help="at most this many (default 50)")  # fmt: skip
-    messages.add_argument("--json", action="store_true")
+    messages.add_argument("--json", action="store_true", help="print JSON")
 
     show = sub.add_parser("show", help="one message: fields, headers and attempt history")
-    show.add_argument("id", type=_uuid)
-    show.add_argument("--json", action="store_true")
+    show.add_argument("id", type=_uuid, metavar="ID", help="the message id enqueue returned")
+    show.add_argument("--json", action="store_true", help="print JSON")
 
     for name, what in (
         ("replay", "send dead (or discarded, cancelled) messages again, same message id"),
         ("discard", "dead to discarded: never sent, kept for audit until retention"),
     ):
         p = sub.add_parser(name, help=what)
-        p.add_argument("ids", nargs="*", type=_uuid, metavar="ID")
+        p.add_argument("ids", nargs="*", type=_uuid, metavar="ID",
+                       help="message ids; or select by the filters")  # fmt: skip
         _add_filters(p)
         p.add_argument(
             "--dry-run", action="store_true", help="say what would change, change nothing"
         )
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print JSON")
 
     cancel = sub.add_parser("cancel", help="stop pending messages from being sent")
-    cancel.add_argument("ids", nargs="+", type=_uuid, metavar="ID")
-    cancel.add_argument("--json", action="store_true")
+    cancel.add_argument("ids", nargs="+", type=_uuid, metavar="ID", help="message ids")
+    cancel.add_argument("--json", action="store_true", help="print JSON")
 
     reschedule = sub.add_parser(
         "reschedule", help="pending messages due at another time, earlier or later"
     )
-    reschedule.add_argument("ids", nargs="*", type=_uuid, metavar="ID")
+    reschedule.add_argument("ids", nargs="*", type=_uuid, metavar="ID",
+                            help="message ids; or select by the filters")  # fmt: skip
     when = reschedule.add_mutually_exclusive_group(required=True)
     when.add_argument("--at", metavar="TIME", help="an ISO timestamp (UTC unless it has an offset)")
     when.add_argument("--in", dest="due_in", metavar="DURATION",
@@ -102,7 +104,8 @@ def add_parsers(sub: Commands) -> None:
     prioritize = sub.add_parser(
         "prioritize", help="pending messages claimed at another priority (higher first)"
     )
-    prioritize.add_argument("ids", nargs="*", type=_uuid, metavar="ID")
+    prioritize.add_argument("ids", nargs="*", type=_uuid, metavar="ID",
+                            help="message ids; or select by the filters")  # fmt: skip
     prioritize.add_argument("priority", type=argparse_type(_priority), metavar="N",
                             help="the new priority (enqueue's default is 0)")  # fmt: skip
     for p in (reschedule, prioritize):
@@ -110,7 +113,7 @@ def add_parsers(sub: Commands) -> None:
         p.add_argument(
             "--dry-run", action="store_true", help="say what would change, change nothing"
         )
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def _priority(raw: str) -> int:

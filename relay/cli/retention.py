@@ -69,7 +69,7 @@ def add_parser(sub: Commands) -> None:
     p.add_argument("--batch-size", type=batch_size, default=DEFAULT_BATCH_SIZE, metavar="N",
                    help=f"messages per delete (default {DEFAULT_BATCH_SIZE})")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def _checked(args: argparse.Namespace) -> tuple[tuple[str, ...], float, int]:
