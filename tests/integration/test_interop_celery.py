@@ -1,4 +1,5 @@
-"""A real Celery worker runs a task dispatched through the outbox with the README's snippet.
+"""A real Celery worker runs a task dispatched through the outbox with the docs' snippet
+(docs/guides/consumers.md, block "celery-example").
 
 The worker is Celery's own embedded one (`celery.contrib.testing.worker.start_worker`: a real
 WorkController, solo pool, in a thread), consuming a queue of this module's own; remote control
@@ -8,10 +9,8 @@ and events are off, so it declares nothing else on the broker.
 from __future__ import annotations
 
 import dataclasses
-import re
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,22 +22,9 @@ from sqlalchemy.orm import Session
 
 import outbox
 from tests.conftest import RelayFactory, amqp_connection, states, wait_until
+from tests.docs_blocks import block
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-SECTION = "### Celery, kombu, FastStream and other consumers"
-
-
-def readme_snippet() -> str:
-    """The first Python block of the README's consumers section, as written there."""
-    text = README.read_text()
-    section = text[text.index(SECTION) :]
-    section = re.split(r"\n##+ ", section[len(SECTION) :], maxsplit=1)[0]
-    match = re.search(r"^( *)```python\n(.*?)^\1```", section, re.S | re.M)
-    assert match, f"no Python block under {SECTION!r} in README.md"
-    indent = len(match.group(1))
-    return "\n".join(line[indent:] for line in match.group(2).splitlines())
 
 
 @dataclasses.dataclass
@@ -96,11 +82,12 @@ def celery_worker(module_worker: Worker) -> Worker:
     return module_worker
 
 
-def test_a_celery_worker_runs_the_task_the_readme_snippet_enqueued(
+def test_a_celery_worker_runs_the_task_the_docs_snippet_enqueued(
     pg_url: str, pg_engine: Engine, relay_factory: RelayFactory, celery_worker: Worker
 ) -> None:
     namespace: dict[str, Any] = {}
-    exec(compile(readme_snippet(), "README.md", "exec"), namespace)
+    code = block("guides/consumers.md", "celery-example")
+    exec(compile(code, "docs/guides/consumers.md (celery-example)", "exec"), namespace)
     namespace["place_order"](pg_engine, 42, queue=celery_worker.queue)
     relay_factory(pg_url)
 
