@@ -492,3 +492,43 @@ def test_aio_pika_example_reads_what_the_relay_published(
     assert bytes_message.body == b"\x00\xff raw"
     assert bytes_message.content_encoding == "binary"
     assert bytes_message.timestamp is not None
+
+
+# --------------------------------------------------------------------------- guides/flask.md
+
+
+def test_flask_example_commits_the_message_with_the_order(
+    pg_url: str, broker: Broker, relay_factory: RelayFactory
+) -> None:
+    from flask import Flask
+
+    code = page_code(
+        "guides/flask.md",
+        "flask-example",
+        **{'exchange="orders"': f"exchange={json.dumps(broker.exchange)}"},
+    )
+    namespace = run(code, {"__name__": "shop"}, "flask.md (flask-example)")
+    app: Flask = namespace["create_app"](pg_url)
+    db = namespace["db"]
+    with app.app_context():
+        db.create_all()
+        outbox.create_schema(db.engine)
+    client = app.test_client()
+    placed = client.post("/orders", json={"total": 5})
+    assert placed.status_code == 201
+    assert client.post("/orders", json={"total": -1}).status_code == 400
+    order_id = placed.get_json()["id"]
+    with app.app_context():
+        with pytest.raises(outbox.InvalidSession, match="scoped_session"):
+            outbox.enqueue(db.session, exchange="x", routing_key="r", payload={})
+        with pytest.raises(outbox.InvalidSession, match="scoped_session"):
+            enqueued(db.session)
+        (message,) = assert_enqueued(db.session(), exchange=broker.exchange)
+        assert message.payload == {"id": order_id}
+        assert message.key == str(order_id)
+        assert db.session.execute(text("SELECT id FROM orders")).scalars().all() == [order_id]
+    relay_factory(pg_url)
+    (delivery,) = broker.collect_ids([message.id])
+    assert json.loads(delivery.body) == {"id": order_id}
+    with app.app_context():
+        db.engine.dispose()
