@@ -42,7 +42,36 @@ async def enqueue_async(
 ) -> uuid.UUID:
     """Add a message to the caller's transaction; return its id (also the AMQP message_id).
 
-    `enqueue`'s arguments, validation and errors, for an AsyncSession or AsyncConnection."""
+    `enqueue` for SQLAlchemy's asyncio extension: the same arguments, the same checks, the same
+    row and the same errors, with an `AsyncSession` or `AsyncConnection` inside the caller's
+    transaction (asyncpg, psycopg's async mode, aiosqlite). It never commits, never flushes the
+    caller's other objects, never runs DDL.
+
+    Args:
+        db: A SQLAlchemy `AsyncSession` or `AsyncConnection`, inside the caller's transaction.
+            For a sync `Session` or `Connection`, use `enqueue`.
+        exchange: As for `enqueue`.
+        routing_key: As for `enqueue`.
+        payload: As for `enqueue`.
+        key: As for `enqueue`.
+        headers: As for `enqueue`.
+        idempotency_key: As for `enqueue`.
+        delay: As for `enqueue`.
+        priority: As for `enqueue`.
+        max_attempts: As for `enqueue`.
+        content_type: As for `enqueue`.
+
+    Returns:
+        The message id, a UUIDv7. It is also the AMQP `message_id` of every publish of the
+            message.
+
+    Raises:
+        InvalidSession: `db` is not an AsyncSession or AsyncConnection.
+        InvalidMessage: An argument is invalid (see `enqueue`). Nothing is written.
+        SchemaMissing: The outbox tables do not exist in this database.
+        IdempotencyConflict: A concurrent transaction holds the same `idempotency_key` and
+            this one cannot see its row; retry the transaction.
+    """
     if not isinstance(db, AsyncSession | AsyncConnection):  # before anything else is done
         raise wrong_object(db, call=_CALL, other_call="outbox.enqueue", wants_async=True)
     prepared = prepare(

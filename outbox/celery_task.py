@@ -40,10 +40,26 @@ def celery_task_message(
 ) -> CeleryTaskMessage:
     """`enqueue` arguments that run the registered task `task(*args, **kwargs)` on a worker.
 
-    The default exchange ("") delivers to the queue named by `routing_key` (Celery's default queue
-    is "celery"); give `exchange` and `routing_key` as your task routes name them otherwise.
-    `args` and `kwargs` must be JSON (Celery's default serializer). `task_id` defaults to a
-    random UUID: the id the worker, result backends and monitoring know the task by.
+    The message follows Celery's task protocol 2 (a JSON body and the task's headers), so an
+    unmodified Celery worker runs it once the transaction has committed and the relay has
+    published it, and never for a transaction that rolled back. Celery is not imported.
+
+    Args:
+        task: The registered task name, as the worker knows it.
+        args: The task's positional arguments; they must encode as JSON.
+        kwargs: The task's keyword arguments; they must encode as JSON.
+        exchange: The default exchange (`""`) delivers to the queue named by `routing_key`;
+            give the exchange your task routes use otherwise.
+        routing_key: Celery's default queue is `"celery"`.
+        task_id: The id the worker, result backends and monitoring know the task by;
+            a random UUID by default.
+
+    Returns:
+        `exchange`, `routing_key`, `payload`, `headers` and `content_type`, to pass to
+            `outbox.enqueue` (or `enqueue_async`) with `**`, beside any other argument.
+
+    Raises:
+        InvalidOption: `task`, `args`, `kwargs` or `task_id` is not of the shape Celery needs.
     """
     if not isinstance(task, str) or not task:
         raise InvalidOption(f"task must be a registered task name (a non-empty str), not {task!r}")

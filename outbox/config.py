@@ -84,7 +84,38 @@ def configure(
     notify_rate: float | None = None,
     notify_burst: int | None = None,
 ) -> LibrarySettings:
-    """Change library settings for this process; returns the settings now in force."""
+    """Change the library's settings for this process; return the settings now in force.
+
+    Arguments left as None keep their current value. The limits start from the environment
+    (`OUTBOX_MAX_PAYLOAD_BYTES`, `OUTBOX_MAX_JSON_DEPTH`, `OUTBOX_MAX_HEADER_BYTES`,
+    `OUTBOX_NOTIFY=0` to turn NOTIFY off) and apply to every later `enqueue` and
+    `enqueue_async` in the process.
+
+    Args:
+        max_payload_bytes: The largest encoded payload `enqueue` accepts (default 1 MiB);
+            larger raises `PayloadTooLarge`.
+        max_json_depth: The deepest nesting of a JSON payload (default 64); deeper raises
+            `PayloadTooDeep`, a `PayloadEncodingError`.
+        max_header_bytes: The largest encoded AMQP headers table, the relay's own headers
+            included (default 16 KiB); larger raises `HeadersTooLarge`, an `InvalidHeader`.
+            The headers travel in one frame, which must fit the broker's frame_max (128 KiB
+            by default) or the message can never be published.
+        notify: PostgreSQL only: whether a commit that enqueued wakes an idle relay with
+            NOTIFY (default True). Without it the relay finds new messages at its next poll.
+        notify_rate: NOTIFYs per second at most, per process (default 100); `math.inf`
+            notifies on every commit. Every notifying commit takes PostgreSQL's cluster-wide
+            notification lock, so a flood of commits is rationed; a relay that busy is
+            polling often anyway.
+        notify_burst: How many commits close together may each notify before the rate
+            applies (default 10).
+
+    Returns:
+        The settings in force after the change.
+
+    Raises:
+        TypeError: A value has the wrong type.
+        ValueError: A limit or rate is not positive.
+    """
     global _settings
     limits = {
         "max_payload_bytes": max_payload_bytes,

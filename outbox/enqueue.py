@@ -61,7 +61,53 @@ def enqueue(
     max_attempts: int | None = None,
     content_type: str | None = None,
 ) -> uuid.UUID:
-    """Add a message to the caller's transaction; return its id (also the AMQP message_id)."""
+    """Add a message to the caller's transaction; return its id (also the AMQP message_id).
+
+    The message is one INSERT in the transaction `db` is in: it never commits, never flushes
+    the caller's other objects, never runs DDL. If the transaction rolls back, the message never
+    existed; once it commits, the relay publishes it. Every argument is checked before anything
+    is written, so a refused call leaves the transaction as it was. When an OpenTelemetry span
+    is current, its trace context is stored with the message and published with it. On
+    PostgreSQL the commit also wakes an idle relay (a NOTIFY, rationed per process: see
+    `outbox.configure`).
+
+    Args:
+        db: A SQLAlchemy `Session` or `Connection`, inside the caller's transaction. For an
+            `AsyncSession` or `AsyncConnection`, use `enqueue_async`.
+        exchange: The RabbitMQ exchange to publish to; `""` is the default exchange, which
+            delivers to the queue named by `routing_key`.
+        routing_key: The routing key to publish with.
+        payload: The body. A `dict` or `list` is sent as compact JSON (`application/json`), a
+            `str` as UTF-8 text (`text/plain; charset=utf-8`), `bytes` as they are
+            (`application/octet-stream`).
+        key: An ordering key (for example the aggregate's id): messages with the same key are
+            published in enqueue order, one after another. None: no order with other messages.
+        headers: AMQP headers to publish with; values are `str`, `int`, `float` or `bool`.
+            Names starting with `x-outbox-`, and `traceparent` and `tracestate`, are the relay's.
+        idempotency_key: A second enqueue with the same key writes nothing and returns the
+            first message's id.
+        delay: Publish no earlier than this long from now: seconds, or a `timedelta` (at
+            most 3,650 days).
+        priority: Among messages ready to go, higher priorities are claimed first.
+        max_attempts: How many times the relay tries to publish before dead-lettering the
+            message; None: the relay's configured default (`--max-attempts`).
+        content_type: The AMQP content type, instead of the one derived from `payload`.
+
+    Returns:
+        The message id, a UUIDv7. It is also the AMQP `message_id` of every publish of the
+            message, retries and replays included.
+
+    Raises:
+        InvalidSession: `db` is not a Session or Connection (the message names the right call
+            for an async one, and says when an Engine was passed instead of a transaction).
+        InvalidMessage: An argument is invalid; one of its subclasses says which:
+            `InvalidDestination`, `PayloadEncodingError`, `PayloadTooLarge`, `InvalidHeader`,
+            `InvalidOption`. Nothing is written.
+        SchemaMissing: The outbox tables do not exist in this database.
+        IdempotencyConflict: A concurrent transaction holds the same `idempotency_key` and
+            this one cannot see its row; retry the transaction.
+        UnsupportedDatabase: The database is not PostgreSQL, MySQL/MariaDB or SQLite.
+    """
     if not isinstance(db, Session | Connection):
         raise wrong_object(db, call="outbox.enqueue", other_call=ASYNC_CALL, wants_async=False)
     prepared = prepare(

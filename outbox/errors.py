@@ -8,7 +8,11 @@ from __future__ import annotations
 
 
 class OutboxError(Exception):
-    """Something went wrong in the outbox."""
+    """Something went wrong in the outbox: the root of every error the `outbox` package raises.
+
+    Errors of the database driver that are not about the outbox (a lost connection, a
+    constraint of your own) reach the caller as SQLAlchemy raised them.
+    """
 
 
 class InvalidMessage(OutboxError, ValueError):

@@ -45,6 +45,11 @@ from outbox.states import ALL_STATES
 SCHEMA_VERSION = 6
 
 metadata = MetaData()
+"""The SQLAlchemy `MetaData` of every outbox table, index and constraint.
+
+Give it to Alembic beside your own (`target_metadata = [Base.metadata, outbox.metadata]`) and
+autogenerate writes the outbox tables into your migrations; `create_schema` and
+`outbox-relay migrate` build the same schema from it."""
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a bigint identity.
 _Seq = BigInteger().with_variant(Integer(), "sqlite")
@@ -278,7 +283,21 @@ def is_missing_table(exc: DBAPIError) -> bool:
 def create_schema(bind: Engine | Connection) -> None:
     """Create the outbox tables if they do not exist, or upgrade them; safe to call again.
 
-    Never called by `enqueue`: schema changes belong to deploys, not to business transactions.
+    What `outbox-relay migrate` does: missing tables, columns and indexes are added, an index
+    this version defines differently is rebuilt, and the schema version is recorded. A complete
+    schema is left as it is, and so is one a newer release made. Two processes may run it at
+    once (PostgreSQL and MySQL serialise them with a lock). Never called by `enqueue`: schema
+    changes belong to deploys, not to business transactions.
+
+    Args:
+        bind: A SQLAlchemy `Engine` (the work runs in a transaction of its own) or
+            `Connection` (the work runs in its transaction; commit it yourself).
+
+    Raises:
+        UnsupportedDatabase: The database is not PostgreSQL, MySQL/MariaDB or SQLite; nothing
+            was run.
+        outbox.migrate.SchemaConflict: An outbox table exists in a shape this cannot complete
+            (for example a NOT NULL column without a default is missing).
     """
     from outbox.migrate import upgrade  # local: keeps import of `outbox` free of DDL machinery
 

@@ -66,7 +66,25 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class EnqueuedMessage:
-    """One row of the outbox table, as a test wants to look at it."""
+    """One row of the outbox table, as a test wants to look at it.
+
+    Attributes:
+        id: The message id `enqueue` returned, also the AMQP `message_id`.
+        exchange: The exchange it will be published to.
+        routing_key: The routing key it will be published with.
+        payload: The body decoded as a consumer reads it: JSON content types as `json.loads`
+            returns them, `text/*` as a string, anything else as bytes.
+        body: Exactly what will be published.
+        content_type: The AMQP content type.
+        key: The ordering key, or None.
+        headers: The caller's headers (`{}` when none); the relay adds its own on the wire.
+        idempotency_key: The idempotency key, or None.
+        priority: The priority given to `enqueue`.
+        max_attempts: The attempts given to `enqueue`, or None for the relay's default.
+        state: The message's state (`pending` until a relay claims it).
+        available_at: When it is due (the enqueue time plus any delay), in UTC.
+        created_at: When it was enqueued, in UTC.
+    """
 
     id: uuid.UUID  # also the AMQP message_id
     exchange: str
@@ -92,7 +110,18 @@ class EnqueuedMessage:
 
 
 class Filters(TypedDict, total=False):
-    """What `enqueued` and the assertions filter on; a filter left out matches anything."""
+    """What `enqueued` and the assertions filter on; a filter left out matches anything.
+
+    Attributes:
+        exchange: The exchange, exactly.
+        routing_key: The routing key, exactly.
+        payload: Equal to the payload decoded as a consumer reads it (see
+            `EnqueuedMessage.payload`); a bytes value is compared with the body as sent.
+        key: The ordering key; None asks for messages without one.
+        headers: Each header given is present with that value (others may be there too).
+        content_type: The AMQP content type, exactly.
+        idempotency_key: The idempotency key; None asks for messages without one.
+    """
 
     exchange: str
     routing_key: str
@@ -107,7 +136,19 @@ _COLUMN_FILTERS = ("exchange", "routing_key", "key", "content_type", "idempotenc
 
 
 def enqueued(db: Session | Connection, **filters: Unpack[Filters]) -> list[EnqueuedMessage]:
-    """The messages `db`'s transaction can see that match every filter given, in enqueue order."""
+    """The messages `db`'s transaction can see that match every filter given, in enqueue order.
+
+    Args:
+        db: A SQLAlchemy `Session` or `Connection`: the transaction under test.
+        **filters: Any of `Filters`; each compares for equality, and a filter left out
+            matches anything.
+
+    Returns:
+        The matching messages, oldest first; an empty list when none matches.
+
+    Raises:
+        TypeError: A filter name is not one of `Filters`.
+    """
     unknown = set(filters) - set(Filters.__annotations__)
     if unknown:
         raise TypeError(
@@ -129,7 +170,20 @@ def assert_enqueued(
     db: Session | Connection, *, count: int | None = None, **filters: Unpack[Filters]
 ) -> list[EnqueuedMessage]:
     """Fail unless a message matching the filters was enqueued (exactly `count` of them, if
-    given); return the matches. The AssertionError lists every message that was enqueued."""
+    given); return the matches.
+
+    Args:
+        db: A SQLAlchemy `Session` or `Connection`: the transaction under test.
+        count: How many matches there must be; None: at least one.
+        **filters: Any of `Filters` (see `enqueued`).
+
+    Returns:
+        The matching messages, oldest first.
+
+    Raises:
+        AssertionError: No message matches, or not `count` of them; the message lists every
+            message that was enqueued.
+    """
     db = _sync_connection(db, "assert_enqueued")
     matches = enqueued(db, **filters)
     if matches and (count is None or len(matches) == count):
@@ -142,7 +196,15 @@ def assert_enqueued(
 
 
 def assert_not_enqueued(db: Session | Connection, **filters: Unpack[Filters]) -> None:
-    """Fail if any message matching the filters was enqueued (no filter: any message at all)."""
+    """Fail if any message matching the filters was enqueued (no filter: any message at all).
+
+    Args:
+        db: A SQLAlchemy `Session` or `Connection`: the transaction under test.
+        **filters: Any of `Filters` (see `enqueued`).
+
+    Raises:
+        AssertionError: A message matches; the message lists the matches.
+    """
     matches = enqueued(_sync_connection(db, "assert_not_enqueued"), **filters)
     if matches:
         raise AssertionError(
@@ -192,7 +254,12 @@ async def _async_connection(db: object, name: str) -> AsyncConnection:
 
 
 def decode_payload(body: bytes, content_type: str) -> Any:
-    """A body as a consumer reads it, by its content type: JSON, text, or the bytes unchanged."""
+    """A body as a consumer reads it, by its content type: JSON, text, or the bytes unchanged.
+
+    JSON content types (`application/json`, `*+json`) decode with `json.loads`, `text/*` with
+    its charset (UTF-8 by default); anything else, or a body that does not decode, comes back
+    as bytes.
+    """
     media, _, params = content_type.partition(";")
     media = media.strip().lower()
     if media == "application/json" or media.endswith("+json"):

@@ -55,19 +55,38 @@ def connection_parameters(
 class Consumer:
     """Consume `queue` with a `Processor` until `stop()`: prefetch, graceful stop, inbox retention.
 
-    `name` (default: the queue) keys the inbox: two consumers with different names each process
-    every message once; instances with the same name share the work and the deduplication.
-    Every `retention_interval` seconds a background thread deletes this consumer's inbox rows
-    older than `inbox_retention` (None: never), `purge_batch_size` rows per statement; other
-    consumers' rows are left alone.
-
-    `amqp_url` may list a cluster's nodes, separated by commas: the first that answers is used.
-    `ssl_options` (pika.SSLOptions: a CA, a client certificate, the server name) applies to
-    amqps:// URLs; without it pika verifies the broker with the system's CAs.
+    Each delivery runs `handler(session, message)` once per message id, in a transaction that
+    also records the id in the inbox; the delivery is acknowledged after the commit. A handler
+    that raises is retried through `<queue>.retry.<N>s` queues or dead-lettered to
+    `<queue>.dead`, as `policy` decides (the consumer declares those queues; `queue` itself must
+    exist). `run()` blocks; call `stop()` from a signal handler or another thread.
 
     Constructing a Consumer builds its Processor, which makes pika decode float header values
     as floats from then on, process-wide (see `Processor`): every message this consumer hands
     to its handler, the first included, has the floats the producer enqueued.
+
+    Args:
+        engine: The application's SQLAlchemy `Engine`; each delivery gets a `Session` of it.
+        amqp_url: The broker's URL (`amqp://` or `amqps://`), or a cluster's nodes separated
+            by commas: the first that answers is used.
+        queue: The queue to consume.
+        handler: `handler(session, message)`, called inside the transaction with a
+            `Message`. Raise `Retry` to try again later, `Reject` to dead-letter the message;
+            any other exception counts as a failed attempt.
+        name: The consumer's name in the inbox (default: `queue`). Consumers with different
+            names each process every message once; instances with the same name share the
+            work and the deduplication.
+        prefetch: How many unacknowledged deliveries the broker sends ahead.
+        policy: Retries, backoff and dead-lettering (`ConsumerPolicy`).
+        tracer_provider: The OpenTelemetry tracer provider for the `process` spans (default:
+            the global one).
+        inbox_retention: How long inbox rows are kept; keep it longer than any redelivery
+            delay. None: never purged by this consumer.
+        retention_interval: Seconds between purges, which run on a background thread and
+            delete only this consumer's rows.
+        purge_batch_size: Inbox rows deleted per statement.
+        ssl_options: A `pika.SSLOptions` (a CA, a client certificate, the server name) for
+            `amqps://` URLs; without it pika verifies the broker with the system's CAs.
     """
 
     engine: Engine
@@ -100,7 +119,11 @@ class Consumer:
         self.ready = threading.Event()  # set once consuming has started
 
     def run(self) -> None:
-        """Consume until `stop()`; the delivery being handled finishes, the rest are requeued."""
+        """Consume until `stop()`; the delivery being handled finishes, the rest are requeued.
+
+        Connects, starts the inbox purge (when `inbox_retention` is set), sets `ready` once
+        consuming has started, and returns after `stop()`. pika's connection errors propagate.
+        """
         # pika tries the nodes in order.
         conn = pika.BlockingConnection(connection_parameters(self.amqp_url, self.ssl_options))
         purger: threading.Thread | None = None

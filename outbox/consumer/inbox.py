@@ -39,7 +39,28 @@ _INSERT_IGNORE = insert(inbox).prefix_with("IGNORE")
 
 
 def process_once(db: Session | Connection, *, consumer: str, message_id: str) -> bool:
-    """Record `message_id` for `consumer` in the caller's transaction; False if already there."""
+    """Record `message_id` for `consumer` in the caller's transaction; False if already there.
+
+    For a consumer of your own (any AMQP client): call it first in the transaction that applies
+    the message, apply the message only when it returns True, and acknowledge the delivery after
+    the commit. A message delivered twice then changes your data once. Two deliveries racing in
+    two transactions: the second waits for the first and, once it commits, returns False.
+    `Consumer` and `Processor` call it for you.
+
+    Args:
+        db: A SQLAlchemy `Session` or `Connection`, inside the transaction that applies the
+            message.
+        consumer: The consumer's name: each name processes every message once.
+        message_id: The delivery's AMQP `message_id`.
+
+    Returns:
+        True if the id was recorded now (process the message), False if this consumer already
+            processed it (acknowledge and skip it).
+
+    Raises:
+        InvalidOption: `consumer` or `message_id` is empty or longer than 255 characters, or the
+            database is not PostgreSQL, MySQL/MariaDB or SQLite.
+    """
     if not consumer or not message_id:
         raise InvalidOption("process_once needs a consumer name and a message id")
     if len(consumer) > 255 or len(message_id) > 255:
@@ -65,9 +86,23 @@ def purge_inbox(
 ) -> int:
     """Delete inbox rows processed more than `older_than` ago; return how many.
 
-    `consumer`'s rows only; None means every consumer's (an operator's clean-up, for example
-    after a consumer was retired: a running `Consumer` purges only its own). Given an Engine,
-    each batch of at most `batch_size` rows is one DELETE in a transaction of its own.
+    A duplicate that arrives after its id was purged is processed again, so keep `older_than`
+    longer than any redelivery delay. A running `Consumer` purges its own rows by itself
+    (`inbox_retention`); this is for consumers of your own, and for clean-ups.
+
+    Args:
+        bind: A SQLAlchemy `Engine` (each batch is one DELETE in a transaction of its own) or
+            `Connection` (every batch in its transaction).
+        older_than: How long a processed id is kept.
+        batch_size: Rows deleted per statement at most.
+        consumer: Purge this consumer's rows only; None purges every consumer's (for example
+            after a consumer was retired).
+
+    Returns:
+        How many inbox rows were deleted.
+
+    Raises:
+        InvalidOption: `batch_size` is less than 1.
     """
     if batch_size < 1:
         raise InvalidOption("batch_size must be at least 1")

@@ -20,7 +20,16 @@ from outbox.dberrors import DbFailure, classify_db_error, is_conflict, sqlstate_
 
 
 class Retry(Exception):
-    """Raise from a handler to try the message again later (after `delay` seconds if given)."""
+    """Raise from a handler to try the message again later (after `delay` seconds if given).
+
+    The attempt counts against `ConsumerPolicy.max_attempts`; past it, the message is
+    dead-lettered. The delay is rounded up to a power of two seconds (each is a retry queue of
+    its own); without one, the policy's backoff for this attempt is used.
+
+    Args:
+        reason: Why, recorded in the copy's `x-outbox-consumer-error` header.
+        delay: Seconds to wait before the next attempt.
+    """
 
     def __init__(self, reason: str = "retry requested", *, delay: float | None = None) -> None:
         super().__init__(reason)
@@ -28,11 +37,31 @@ class Retry(Exception):
 
 
 class Reject(Exception):
-    """Raise from a handler to dead-letter the message now: retrying cannot help."""
+    """Raise from a handler to dead-letter the message now: retrying cannot help.
+
+    The message goes to `<queue>.dead` with the exception's text in its
+    `x-outbox-consumer-error` header, whatever attempts it has left.
+    """
 
 
 @dataclass(frozen=True, slots=True)
 class ConsumerPolicy:
+    """What a consumer does when a handler fails.
+
+    Attributes:
+        max_attempts: Handler runs before a failing message is dead-lettered.
+        backoff_base: The first retry's delay in seconds; it doubles with each attempt.
+        backoff_cap: The longest retry delay, in seconds.
+        permanent: Exception types that dead-letter the message at once, as `Reject` does.
+        db_unavailable_delay: Seconds before a delivery is put back while the database is
+            unavailable; such a failure uses no attempt.
+        conflict_retries: How many times a handler whose transaction lost a race (a
+            serialization failure or a deadlock) is run again in this process before the
+            failure counts as an attempt.
+        conflict_backoff: The first rerun's pause in seconds; it doubles with each rerun,
+            jittered.
+    """
+
     max_attempts: int = 5  # handler runs before a failing message is dead-lettered
     backoff_base: float = 1.0  # first retry delay, seconds; doubles per attempt
     backoff_cap: float = 300.0  # longest retry delay

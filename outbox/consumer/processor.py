@@ -62,6 +62,20 @@ _W3C = TraceContextTextMapPropagator()
 
 @dataclass(frozen=True, slots=True)
 class Message:
+    """A delivery as a handler sees it.
+
+    Attributes:
+        id: The AMQP `message_id`: the id `outbox.enqueue` returned, the same on every retry
+            and replay. The inbox deduplicates on it.
+        exchange: The exchange the message was published to.
+        routing_key: The routing key it was published with.
+        body: The body, as sent.
+        content_type: The AMQP content type, or None.
+        headers: The AMQP headers; float values arrive as floats.
+        attempt: 1 on the first delivery to this consumer, one more on each retry.
+        redelivered: The broker delivered it before (it may or may not have been processed).
+    """
+
     id: str
     exchange: str
     routing_key: str
@@ -72,9 +86,11 @@ class Message:
     redelivered: bool  # the broker delivered it before (it may or may not have been processed)
 
     def json(self) -> Any:
+        """The body decoded as JSON (`json.loads`); raises `ValueError` if it is not JSON."""
         return json.loads(self.body)
 
     def text(self) -> str:
+        """The body decoded as UTF-8 text; raises `UnicodeDecodeError` if it is not."""
         return self.body.decode("utf-8")
 
 
@@ -95,8 +111,19 @@ class Processor:
     Float headers: pika by itself decodes an AMQP double (how the relay sends a float header) as
     a truncated integer. Constructing a Processor makes pika decode them as floats, in the whole
     process and from then on (`outbox.amqp_codec.install_float_decoding`); values of every other
-    type decode as before. Done here, before the first delivery, so every message handled sees
-    the same values; a process that never builds a Processor keeps pika's decoder unchanged.
+    type decode as pika decodes them. Done here, before the first delivery, so every message
+    handled sees the same values; a process that never builds a Processor keeps pika's decoder
+    unchanged.
+
+    Args:
+        engine: The application's SQLAlchemy `Engine`; each delivery gets a `Session` of it.
+        handler: `handler(session, message)`, called inside the transaction (see `Consumer`).
+        consumer: The consumer's name in the inbox.
+        queue: The queue being consumed: it names the retry and dead-letter queues and the
+            span.
+        policy: Retries, backoff and dead-lettering (default: `ConsumerPolicy()`).
+        tracer_provider: The OpenTelemetry tracer provider for the `process` spans (default:
+            the global one).
     """
 
     def __init__(
