@@ -725,7 +725,8 @@ SETTINGS: tuple[Setting, ...] = (
             show=lambda v: "3 x confirm timeout" if v is None else _seconds(v),
             metavar="SECONDS"),
     Setting("--statement-timeout", "OUTBOX_STATEMENT_TIMEOUT", "statement_timeout",
-            positive_number, "seconds before PostgreSQL cancels one of the relay's statements",
+            positive_number, "seconds before the database cancels one of the relay's statements "
+            "(PostgreSQL and MariaDB: any statement; MySQL: SELECTs; not set behind a pooler)",
             show=_seconds, metavar="SECONDS"),
 )  # fmt: skip
 
