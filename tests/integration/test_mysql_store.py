@@ -60,7 +60,7 @@ def test_every_url_form_writes_and_relays_through_one_schema(
 ) -> None:
     # The schema was made through mariadb+pymysql; the application and the relay use another name.
     url = with_driver(mysql_url, drivername)
-    # SQLAlchemy's own default for a bare mysql:// is mysqlclient, which is not installed here.
+    # SQLAlchemy's own default for a bare mysql:// is mysqlclient, which the project does not use.
     app = create_engine(url if "+" in drivername else with_driver(url, f"{drivername}+pymysql"))
     try:
         sent = enqueue(app, exchange=broker.exchange, idempotency_key=f"once-{drivername}")
