@@ -2,23 +2,38 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# The project's extras and every development group, pinned by constraints.txt (make lock).
+EXTRAS := binary,mysql,async
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: help demo test lint typecheck unit integration bench chaos services clean
+.PHONY: help demo test lint typecheck unit integration bench chaos services clean lock
 
 help:
 	@echo "make demo    run the embedded demo (SQLite + local RabbitMQ)"
 	@echo "make test    lint, type-check and run the whole test suite"
 	@echo "make bench   benchmarks: raw pika confirm ceiling vs the relay's drain rate"
 	@echo "make chaos   faults at full length (kills, cuts, broker restart, memory alarm): a table"
+	@echo "make lock    regenerate constraints.txt after changing a dependency in pyproject.toml"
 
 $(STAMP):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is needed, $(PYTHON) is " + sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --upgrade 'pip>=25.1'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]' --group dev
 	@rm -f $(VENV)/.installed-*
 	@touch $@
+
+# constraints.txt: every package `make test` installs, at one version, resolved for Python 3.11 on
+# x86-64 Linux, so that every run tests the same versions. Run after changing a dependency in
+# pyproject.toml: pins that still fit are kept; `make lock LOCK_ARGS=--upgrade` moves them all to
+# the newest versions.
+LOCK_ARGS ?=
+
+lock:
+	@test -x $(VENV)/bin/uv || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet uv; }
+	$(VENV)/bin/uv pip compile pyproject.toml --all-extras --group dev --python-version 3.11 \
+		--python-platform x86_64-unknown-linux-gnu --custom-compile-command "make lock" \
+		--quiet $(LOCK_ARGS) -o constraints.txt
 
 services:
 	@scripts/ensure-services.sh
