@@ -173,6 +173,16 @@ def test_writing_async_enqueues_in_the_callers_transaction(pg_url: str, pg_engin
         assert_enqueued(session, payload={"order_id": 7}, key="order-7", count=1)
 
 
+def test_an_autocommit_connection_commits_the_row_at_once(pg_engine: Engine) -> None:
+    """What writing.md warns of: nothing refuses autocommit, and the row outlives a rollback."""
+    engine = pg_engine.execution_options(isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        outbox.enqueue(conn, exchange="orders", routing_key="order.created", payload={})
+        conn.rollback()
+    with Session(pg_engine) as session:
+        assert len(enqueued(session)) == 1
+
+
 # --------------------------------------------------------------------------- guides/testing.md
 
 
