@@ -50,7 +50,9 @@ def add_parser(sub: Commands) -> None:
         "--consumer": "runs outbox.Consumer or process_once (the inbox)",
         "--relay": "runs `outbox-relay run`",
         "--viewer": "runs status, messages, show, circuits",
-        "--operator": "also runs replay, discard, cancel, purge, circuits reset",
+        "--operator": (
+            "also runs replay, discard, cancel, reschedule, prioritize, purge, circuits reset"
+        ),
     }
     for kind in ROLE_KINDS:
         p.add_argument(
