@@ -20,6 +20,7 @@ from outbox.celery_task import celery_task_message
 from outbox.config import configure
 from outbox.enqueue import enqueue
 from outbox.errors import (
+    HeadersTooLarge,
     IdempotencyConflict,
     InvalidDestination,
     InvalidHeader,
@@ -28,8 +29,10 @@ from outbox.errors import (
     InvalidSession,
     OutboxError,
     PayloadEncodingError,
+    PayloadTooDeep,
     PayloadTooLarge,
     SchemaMissing,
+    UnsupportedDatabase,
 )
 from outbox.schema import create_schema, metadata
 from outbox.states import State
@@ -82,6 +85,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Consumer",
     "ConsumerPolicy",
+    "HeadersTooLarge",
     "IdempotencyConflict",
     "InvalidDestination",
     "InvalidHeader",
@@ -91,12 +95,14 @@ __all__ = [
     "Message",
     "OutboxError",
     "PayloadEncodingError",
+    "PayloadTooDeep",
     "PayloadTooLarge",
     "Processor",
     "Reject",
     "Retry",
     "SchemaMissing",
     "State",
+    "UnsupportedDatabase",
     "celery_task_message",
     "configure",
     "create_schema",
