@@ -19,15 +19,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from relay.core.urls import secrets_of
 from relay.runtime.config import parse_db_url
 from relay.runtime.logs import one_line
 from relay.store.databases import DIALECTS, driver_arguments
 from relay.store.postgres import NOTIFY_PROBE, behind_pooler
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger("relay.wakeup")
 
@@ -77,6 +78,9 @@ class Listener:
                 log.error("listen.stopped", extra={"fallback": "polling"})
 
     def _connect(self) -> psycopg.Connection[Any]:
+        # Imported here: psycopg needs libpq (or its binary build), which a SQLite relay may lack.
+        import psycopg
+
         return psycopg.connect(
             self._conninfo, autocommit=True, connect_timeout=5, **self._connect_args
         )
