@@ -6,11 +6,12 @@ PY     := $(VENV)/bin/python
 EXTRAS := binary,mysql,async
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: help demo test lint typecheck unit integration bench chaos services clean lock
+.PHONY: help demo test docs lint typecheck unit integration bench chaos services clean lock
 
 help:
 	@echo "make demo    run the embedded demo (SQLite + local RabbitMQ)"
 	@echo "make test    lint, type-check and run the whole test suite"
+	@echo "make docs    build the documentation site into site/ (mkdocs --strict)"
 	@echo "make bench   benchmarks: raw pika confirm ceiling vs the relay's drain rate"
 	@echo "make chaos   faults at full length (kills, cuts, broker restart, memory alarm): a table"
 	@echo "make lock    regenerate constraints.txt after changing a dependency in pyproject.toml"
@@ -49,6 +50,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+# --strict: a broken link, anchor or snippet fails the build. The theme's notice about its own
+# future is not a warning about these pages.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
 
@@ -60,17 +66,19 @@ integration: $(STAMP) services
 # tests that change what all of them share (a broker-wide alarm) run alone afterwards.
 TEST_WORKERS ?= 4
 
-test: $(STAMP) services lint typecheck
+test: $(STAMP) services lint typecheck docs
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
 	$(PY) -m pytest -q -m serial
 
 chaos: $(STAMP) services
 	$(PY) -m tests.chaos
 
+# Each run also writes its table for the docs' performance page (docs/_generated/).
 bench: $(STAMP) services
-	$(PY) -m benchmarks
-	$(PY) -m benchmarks --db mariadb://root@127.0.0.1:3306/test --phases ceiling,in-process,subprocess,enqueue,wakeup
+	$(PY) -m benchmarks --markdown docs/_generated/bench-postgresql.md
+	$(PY) -m benchmarks --db mariadb://root@127.0.0.1:3306/test --phases ceiling,in-process,subprocess,enqueue,wakeup \
+		--markdown docs/_generated/bench-mariadb.md
 	$(PY) -m benchmarks.scale
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) site .mypy_cache .ruff_cache .pytest_cache *.egg-info
