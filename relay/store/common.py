@@ -7,7 +7,10 @@ own. Nothing here is a value: every value is bound.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Mapping
+
+from relay.core import suspects
 
 # ------------------------------------------------------------------------ per-key order
 
@@ -59,25 +62,25 @@ def unpark_sweep(*, blocking: str, head: Callable[..., str] = is_head) -> str:
 
 # ------------------------------------------------------------------------ crash isolation
 
-# SUSPECTS. A row whose lease ended without a settlement (its relay died, or crashed, holding it)
-# may be what killed the relay, or may have been in flight beside it. Such a row goes back to
-# pending as a *suspect*: its lease_expires_at stays set (every other pending row has none).
-# Suspects are isolated in two steps, each published with nothing else in flight on its relay:
-#
-# 1. A suspect is claimed with other suspects only, at most :group of them, and stamped GROUPED
-#    in last_error (which nothing else writes while a row is in flight). Nearly always its relay
-#    was simply killed or restarted, and the whole group is delivered at once.
-# 2. If a relay dies again holding a group, each of its rows becomes SOLITARY (last_error, while
-#    pending): claimed alone, stamped ALONE. A row claimed alone whose lease ends unsettled is
-#    charged the attempt (and dies past its attempts); any other row is charged nothing.
-#
-# So a message that kills every relay that claims it dead-letters itself alone, after one crash in
-# a batch, one in a group and then its attempts alone; the rows beside it are delivered. Two steps
-# rather than halving the group at each crash: a crash costs a restart (seconds, and a growing
-# back-off under an orchestrator), publishing one row alone costs milliseconds.
-GROUPED = "claimed with other suspects only: the last lease on it ended before it settled"
-SOLITARY = "to be claimed alone: its relay died while it was in flight with other suspects"
-ALONE = "claimed alone: the last lease on it ended before it settled (its relay died)"
+# The suspects' stamps (relay/core/suspects.py holds the rules), bound into the statements that
+# claim, give back and take back rows.
+GROUPED = suspects.GROUPED
+SOLITARY = suspects.SOLITARY
+ALONE = suspects.ALONE
+
+
+def reason_sql(template: str, **fields: str) -> str:
+    """One of relay/core/suspects.py's reason templates as a SQL text expression (||): its
+    literal parts quoted, each field the SQL expression given for it. So a statement that takes
+    leases back in SQL (postgres._RECLAIM) writes the core's text."""
+    parts: list[str] = []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        if literal:
+            parts.append("'" + literal.replace("'", "''") + "'")
+        if name is not None:
+            parts.append(fields[name])
+    return " || ".join(parts)
+
 
 # ------------------------------------------------------------------------ resources
 

@@ -22,6 +22,7 @@ from sqlalchemy.exc import DBAPIError
 
 from outbox.dberrors import DbFailure, classify_db_error
 from outbox.enqueue import NOTIFY_CHANNEL
+from relay.core import suspects
 from relay.store import common
 from relay.store.dialect import (
     CLAIMED_COLUMNS,
@@ -413,17 +414,19 @@ WITH {before}expired AS (
 SELECT {result}
 """
 _COUNT = "(SELECT count(*) FROM recorded)"
+# The reasons are relay/core/suspects.py's texts, built in SQL.
+_OWNER = f"coalesce(expired.lease_owner, '{suspects.UNKNOWN_OWNER}')"
 RECLAIM_EXPIRED = _RECLAIM.format(
     before="",
     where="lease_expires_at < coalesce(:now, now())",
-    error="'lease held by ' || coalesce(expired.lease_owner, '?') || ' expired before it settled'",
+    error=common.reason_sql(suspects.EXPIRED, owner=_OWNER),
     result=_COUNT,
 )
 ABANDON = _RECLAIM.format(before="", where="lease_token = :token", error=":error", result=_COUNT)
 RECLAIM_OWNER = _RECLAIM.format(
     before="",
     where="lease_owner = :relay_id",
-    error="'lease held by an earlier run of ' || :relay_id || ', which stopped before it settled'",
+    error=common.reason_sql(suspects.EARLIER_RUN, relay=":relay_id"),
     result=_COUNT,
 )
 # Relays whose last beat is older than :dead_after (never this one) are deleted, and their rows
@@ -439,8 +442,7 @@ RECLAIM_DEAD = _RECLAIM.format(
     RETURNING relay_id
 ), """,
     where="EXISTS (SELECT 1 FROM dead) AND lease_owner IN (SELECT relay_id FROM dead)",
-    error="'relay ' || coalesce(expired.lease_owner, '?') || ' stopped beating (no heartbeat for '"
-    " || :dead_after || ' s) before it settled'",
+    error=common.reason_sql(suspects.DEAD_RELAY, owner=_OWNER, seconds=":dead_after"),
     result=f"ARRAY(SELECT relay_id FROM dead ORDER BY relay_id), {_COUNT}",  # noqa: S608
 )
 
