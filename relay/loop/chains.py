@@ -14,15 +14,26 @@ A chain whose run came full goes on: before it ends, the key's next run is claim
 chain's own lease (Store.claim_run) and handed over as more pieces of the same chain, so the
 publisher sends its first message from the confirm of the chain's last. What the publisher holds
 back after a failure includes them.
+
+The loop's side of chains is here, each step a function of the lease it changes: a claim's rows
+are `split` into the rows sent side by side and the chains (with their `tails`, the chains that
+may go on); `hand_over` gives the publisher each chain whole when its first piece fits in the
+window, and `cut` ends one at a row that cannot be built; `answered` takes a piece's answer
+(the chain goes on, or broke); `extend` claims the next runs; `overdue_chunks` says which pieces
+the publisher has held too long. A lease's chain state (`Lease.chains`, `give_back`, `tails`) is
+changed only here, and by `Lease.drop` when rows are given back. The publisher's side, sending
+one message per confirm, is relay/amqp/confirms.py (Chains).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from relay.loop.leases import Chunk, Finished, Lease
-from relay.ports import Claimed
+from relay.core.outcome import HELD_BACK, Fate, Outcome
+from relay.loop.leases import Chunk, Finished, Lease, Leases
+from relay.ports import Claimed, Outgoing
 
 # Messages of one key a claim takes at most behind its head: with it, two pieces. A relay killed
 # mid-run leaves the run's unsent messages as suspects, each then published on its own
@@ -42,6 +53,13 @@ PIECE = 64
 EXTEND_AT = PIECE
 NEXT_RUN = RUN + 1
 
+# Hands one piece of a chain (of the lease, with the chain's key) to the publisher; False when a
+# row of it cannot be built (`cut`).
+Send = Callable[[Lease, list[Claimed], str], bool]
+
+
+# ----------------------------------------------------------------------- claimed
+
 
 def split(rows: Sequence[Claimed]) -> tuple[list[Claimed], dict[str, deque[Claimed]]]:
     """A claim's rows as the ones sent side by side (in claim order) and the chains: every key
@@ -56,6 +74,14 @@ def split(rows: Sequence[Claimed]) -> tuple[list[Claimed], dict[str, deque[Claim
     return singles, chains
 
 
+def tails(runs: dict[str, deque[Claimed]]) -> dict[str, int]:
+    """The keys whose run a claim took full (they may have more), and the last seq of each."""
+    return {key: rest[-1].seq for key, rest in runs.items() if len(rest) > RUN}
+
+
+# ----------------------------------------------------------------------- handed over
+
+
 def pieces(chain: Iterable[Claimed], size: int = PIECE) -> list[list[Claimed]]:
     """A chain cut into the pieces it is handed over in (all at once: the publisher sends the
     next piece as soon as the one before it is confirmed)."""
@@ -63,23 +89,67 @@ def pieces(chain: Iterable[Claimed], size: int = PIECE) -> list[list[Claimed]]:
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def answered(lease: Lease, chunk: Chunk, finished: Finished, now: float) -> None:
-    """A piece of a chain came back. If a message of it was not confirmed, the chain ended
+def hand_over(leases: Iterable[Lease], room: int, size: int, send: Send) -> int:
+    """Hand over, whole, every chain whose first piece fits in `room`; return the room left.
+    Each chain takes one piece of the window, however long (only its oldest piece can be
+    confirmed and unmarked at once), and a chain kept waiting holds its key back."""
+    for lease in list(leases):
+        for key, rest in list(lease.chains.items()):
+            cut_up = pieces(rest, size)
+            if len(cut_up[0]) > room:
+                continue
+            del lease.chains[key]
+            room -= len(cut_up[0])
+            for n, piece in enumerate(cut_up):
+                if not send(lease, piece, key):
+                    # A row that cannot be built cut the chain: what follows it waits.
+                    lease.give_back.extend(row.seq for p in cut_up[n + 1 :] for row in p)
+                    lease.tails.pop(key, None)
+                    break
+    return room
+
+
+def cut(
+    rows: list[Claimed], items: list[Outgoing], broken: list[Outcome]
+) -> tuple[list[Outcome], list[Outgoing]]:
+    """A piece of a chain some of whose rows cannot be built (`broken`, dead-lettered as
+    malformed): nothing after the first of them may go before it is dealt with, so every row
+    after it is held back, built or not (a later malformed one is dealt with once it is the
+    key's head). Returns the outcomes to answer at once and the items still to send."""
+    first = min(o.ref for o in broken)
+    kept = [item for item in items if item.ref < first]
+    held = [Outcome(row.seq, Fate.NOT_SENT, HELD_BACK, held_back=True)
+            for row in rows if row.seq > first]  # fmt: skip
+    return [o for o in broken if o.ref == first] + held, kept
+
+
+# ----------------------------------------------------------------------- answered
+
+
+def answered(lease: Lease, chunk: Chunk, finished: Finished, now: float) -> Finished:
+    """What is to be written of a chunk that came back (`chunk` is answered already). A piece of
+    a chain that goes on frees nothing to claim, and the next piece's messages go out from now
+    on (overdue() counts from here). If a message of it was not confirmed, the chain ended
     there: its held-back messages (of this piece, and of the pieces after it, which come back
-    held back whole) leave `finished`, as they were never sent and there is nothing to settle,
-    and wait in `give_back` to be released unsent, behind the one that failed."""
+    held back whole) are left out, as they were never sent and there is nothing to settle, and
+    wait in `give_back` to be released unsent, behind the one that failed."""
     key = chunk.chain
     if key is None:
-        return
+        return finished
+    frees = finished.frees
     after = next((c for c in lease.chunks.values() if c.chain == key and not c.answered), None)
     if after is not None:  # the chain goes on: nothing new to claim for it yet
-        finished.frees = False
-        after.sent_at = now  # its messages go out from now on (overdue() counts from here)
-    held = [o.ref for o in finished.outcomes if o.held_back]
+        frees = False
+        after.sent_at = now
+    outcomes = finished.outcomes
+    held = [o.ref for o in outcomes if o.held_back]
     if held:
         lease.tails.pop(key, None)  # the chain broke: what follows waits for the one that failed
-        finished.outcomes = [o for o in finished.outcomes if not o.held_back]
+        outcomes = [o for o in outcomes if not o.held_back]
         lease.give_back.extend(held)
+    if frees is finished.frees and outcomes is finished.outcomes:
+        return finished
+    return dataclasses.replace(finished, outcomes=outcomes, frees=frees)
 
 
 def left(lease: Lease, key: str) -> int:
@@ -88,9 +158,57 @@ def left(lease: Lease, key: str) -> int:
     return sent + len(lease.chains.get(key, ()))
 
 
-def tails(runs: dict[str, deque[Claimed]]) -> dict[str, int]:
-    """The keys whose run a claim took full (they may have more), and the last seq of each."""
-    return {key: rest[-1].seq for key, rest in runs.items() if len(rest) > RUN}
+# ----------------------------------------------------------------------- going on
+
+
+def extend(
+    leases: Leases,
+    *,
+    full: Callable[[], bool],
+    claim_run: Callable[[Lease, int], list[Claimed]],
+) -> None:
+    """Claim the next run of every chain that came full and is about to run out (EXTEND_AT),
+    under the chain's own lease: `claim_run(lease, tail)` claims the key's messages after its
+    last one. Stops once the relay holds all it may (`full`). May raise DatabaseUnavailable."""
+    for lease in list(leases.values()):
+        for key, tail in list(lease.tails.items()):
+            remaining = left(lease, key)
+            if remaining > EXTEND_AT:
+                continue
+            if full():
+                return
+            # Once per tail: a chain that ended (nothing left) goes the usual way, its mark
+            # unparking the key's next message for a claim.
+            del lease.tails[key]
+            if remaining == 0:
+                continue
+            rows = claim_run(lease, tail)
+            if not rows:
+                continue
+            lease.rows.update((row.seq, row) for row in rows)
+            lease.chains.setdefault(key, deque()).extend(rows)
+            if len(rows) == NEXT_RUN:
+                lease.tails[key] = rows[-1].seq
+
+
+# ----------------------------------------------------------------------- overdue
+
+
+def overdue_chunks(lease: Lease, now: float, life: float) -> list[tuple[int, Chunk]]:
+    """The chunks of `lease` the publisher has held too long, by number: of each chain only the
+    piece being sent is looked at (the ones after it wait for it)."""
+    fronts: set[str] = set()  # chains whose piece being sent was looked at
+    due = []
+    for number, chunk in lease.chunks.items():
+        if chunk.answered:
+            continue  # being written
+        if chunk.chain is not None:
+            if chunk.chain in fronts:
+                continue
+            fronts.add(chunk.chain)
+        if overdue(chunk, now, life):
+            due.append((number, chunk))
+    return due
 
 
 def overdue(chunk: Chunk, now: float, life: float) -> bool:

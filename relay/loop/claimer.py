@@ -8,12 +8,9 @@ are sent and not yet marked (`pump`), and the next batch is claimed while one is
 sent: the broker always has work, and few messages are sent and unmarked at any moment, so a
 relay killed mid-drain leaves little for the next one to send again.
 
-A hot key's run that came full is extended before it ends (`extend_runs`): its key's next
-messages are claimed under the same lease and handed over behind it (relay/loop/chains.py).
-
-Suspects (rows whose relay died holding them; the store claims them apart, in a group or alone)
-are quarantined: published only once nothing else is in flight, and nothing else is claimed until
-they settle. If they kill this relay too, only they die with it.
+A claim's hot keys come as chains, handed over whole and extended before they end
+(`extend_runs`): relay/loop/chains.py. Suspects (rows whose relay died holding them) are
+quarantined: relay/loop/suspects.py.
 
 Nothing is claimed or sent while the relay's heartbeat is not fresh (`fresh`): others may be
 about to take its leases over (relay/loop/pulse.py).
@@ -26,8 +23,8 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from relay.core.outcome import HELD_BACK, Fate, Outcome
-from relay.loop import chains
+from relay.core.outcome import Fate, Outcome
+from relay.loop import chains, suspects
 from relay.loop.circuits import ResourceGuard
 from relay.loop.counts import Counts
 from relay.loop.leases import Chunk, Finished, Lease, Leases
@@ -39,9 +36,6 @@ DB_BACKOFF_MAX = 5.0  # seconds: the longest pause in claiming while the databas
 # Rows handed to the publisher at a time: small enough that confirms come back (and are marked)
 # continuously, several to a window; large enough that handing over costs little.
 CHUNK_MAX = 64
-# Suspects claimed together at most: if they kill this relay too, each of them is then
-# published alone (relay/store/common.py, GROUPED), at a few milliseconds apiece.
-SUSPECT_GROUP = 100
 
 
 def _always_fresh(_now: float) -> bool:
@@ -74,7 +68,6 @@ class Claimer:
         self._next_claim = 0.0
         self._empty = 0  # consecutive claims that found nothing
         self._db_backoff = 0.0
-        self._suspect: Lease | None = None  # quarantined suspects, sent or waiting to be
         self._chunks = itertools.count(1)
         self._chunk = max(1, min(CHUNK_MAX, config.max_unconfirmed // 4))
         self._piece = max(1, min(chains.PIECE, config.max_unconfirmed))  # what a chain takes
@@ -91,10 +84,6 @@ class Claimer:
         self._db_backoff = min(DB_BACKOFF_MAX, max(0.1, self._db_backoff * 2))
         self._next_claim = self._clock() + self._db_backoff
 
-    def forget(self) -> None:
-        """Every lease was given back: no suspect holds claiming any more."""
-        self._suspect = None
-
     def next_turn(self, now: float) -> float:
         """The clock time the loop should next call `claim` (an outcome wakes it sooner)."""
         config, publisher = self._config, self._publisher
@@ -103,7 +92,7 @@ class Claimer:
         leases = self._leases
         if (
             publisher.blocked
-            or self._suspect is not None  # a settlement (an inbox event) moves it on
+            or suspects.quarantined(leases)  # a settlement (an inbox event) moves it on
             or leases.in_flight >= config.max_in_flight
             or leases.unsent >= config.batch_size  # the window is full: an answer frees it
             or not self._fresh(now)  # the heartbeat wakes the loop when it is fresh again
@@ -128,7 +117,7 @@ class Claimer:
             return  # the broker is pushing back (resource alarm): claim nothing new
         if not self._fresh(now):
             return
-        if self._quarantined():
+        if suspects.quarantined(leases):
             self.pump(now)  # they go once what was in flight beside them has settled
             return
         if leases.unsent >= config.batch_size:
@@ -140,8 +129,9 @@ class Claimer:
         guard = self._guard
         guard.refresh()
         claimed = self._claim(counts, limit, now, exclude=guard.exclude())
-        counts.full_batch = claimed == limit and self._suspect is None
-        if self._suspect is None:
+        quarantined = suspects.quarantined(leases)  # suspects were claimed: nothing else
+        counts.full_batch = claimed == limit and not quarantined
+        if not quarantined:
             claimed += self._claim_guarded(counts, room - claimed, now)
         self._db_backoff = 0.0
         if claimed:
@@ -177,7 +167,7 @@ class Claimer:
                 lease_seconds=self._config.lease_seconds,
                 exclude=exclude,
                 only=only,
-                suspect_group=SUSPECT_GROUP,
+                suspect_group=suspects.SUSPECT_GROUP,
                 # A probe or a rate limit's share is counted in messages: no runs there.
                 run=chains.RUN if only is None else 0,
             )
@@ -192,10 +182,10 @@ class Claimer:
     def _claim_guarded(self, counts: Counts, room: int, now: float) -> int:
         """Claims the main claim passes by: one probe per circuit whose cooldown is over (the
         relay that wins it), and each rate-limited resource's share of tokens."""
-        guard = self._guard
+        guard, leases = self._guard, self._leases
         claimed = 0
         for part in guard.probes_due():
-            if claimed >= room or self._suspect is not None:
+            if claimed >= room or suspects.quarantined(leases):
                 return claimed
             # Only probe with a message in hand: an idle resource keeps its circuit open (its
             # cooldown over), and its next message is the probe.
@@ -206,7 +196,7 @@ class Claimer:
                 claimed += got
         for part in guard.rate_parts_due():
             want = min(self._config.batch_size, room - claimed)
-            if want <= 0 or self._suspect is not None:
+            if want <= 0 or suspects.quarantined(leases):
                 break
             granted = guard.take_tokens(part, want)
             if granted:
@@ -215,65 +205,52 @@ class Claimer:
                 claimed += got
         return claimed
 
-    def _quarantined(self) -> bool:
-        """Whether suspects hold claiming: they wait for the rest to settle, then go alone."""
-        lease = self._suspect
-        if lease is not None and self._leases.get(lease.token) is not lease:
-            self._suspect = lease = None  # settled, or given back
-        return lease is not None
-
     def _hold(self, token: uuid.UUID, rows: list[Claimed], now: float) -> None:
         singles, runs = chains.split(rows)
-        lease = Lease(token, {r.seq: r for r in rows}, now, unsent=deque(singles), chains=runs)
-        lease.tails = chains.tails(runs)
-        self._leases[token] = lease
-        if rows[0].suspect:  # the store claims suspects apart from every other row
-            lease.suspect = True
-            self._suspect = lease
+        self._leases[token] = Lease(
+            token,
+            {r.seq: r for r in rows},
+            now,
+            unsent=deque(singles),
+            chains=runs,
+            tails=chains.tails(runs),
+            suspect=suspects.claimed_apart(rows),
+        )
         self.pump(now)
 
     def extend_runs(self, counts: Counts, now: float) -> None:
         """Claim the next run of every chain that came full and is about to run out, under the
-        chain's own lease (chains.EXTEND_AT). May raise DatabaseUnavailable."""
+        chain's own lease (chains.extend). May raise DatabaseUnavailable."""
         publisher, config, leases = self._publisher, self._config, self._leases
         if not publisher.ready or publisher.blocked or not self._fresh(now):
             return
-        if self._suspect is not None:
-            return  # quarantined: nothing else goes until the suspects settle
+        if suspects.quarantined(leases):
+            return  # nothing else goes until the suspects settle
         exclude: Sequence[str] | None = None
-        for lease in list(leases.values()):
-            for key, tail in list(lease.tails.items()):
-                left = chains.left(lease, key)
-                if left > chains.EXTEND_AT:
-                    continue
-                if leases.in_flight >= config.max_in_flight:
-                    return
-                # Once per tail: a chain that ended (nothing left) goes the usual way, its
-                # mark unparking the key's next message for a claim.
-                del lease.tails[key]
-                if left == 0:
-                    continue
-                if exclude is None:
-                    exclude = self._guard.exclude()
-                with self._observer.loop_span("claim", limit=chains.NEXT_RUN) as span:
-                    rows = self._store.claim_run(
-                        owner=config.relay_id,
-                        token=lease.token,
-                        after=tail,
-                        limit=chains.NEXT_RUN,
-                        lease_seconds=config.lease_seconds,
-                        exclude=exclude,
-                    )
-                    if span is not None:
-                        span.set_attribute("outbox.claimed", len(rows))
-                if not rows:
-                    continue
+
+        def claim_run(lease: Lease, tail: int) -> list[Claimed]:
+            nonlocal exclude
+            if exclude is None:
+                exclude = self._guard.exclude()
+            with self._observer.loop_span("claim", limit=chains.NEXT_RUN) as span:
+                rows = self._store.claim_run(
+                    owner=config.relay_id,
+                    token=lease.token,
+                    after=tail,
+                    limit=chains.NEXT_RUN,
+                    lease_seconds=config.lease_seconds,
+                    exclude=exclude,
+                )
+                if span is not None:
+                    span.set_attribute("outbox.claimed", len(rows))
+            if rows:
                 counts.claimed += len(rows)
                 self._observer.claimed(len(rows))
-                lease.rows.update((row.seq, row) for row in rows)
-                lease.chains.setdefault(key, deque()).extend(rows)
-                if len(rows) == chains.NEXT_RUN:
-                    lease.tails[key] = rows[-1].seq
+            return rows
+
+        chains.extend(
+            leases, full=lambda: leases.in_flight >= config.max_in_flight, claim_run=claim_run
+        )
 
     # ----------------------------------------------------------------- sending
 
@@ -287,25 +264,17 @@ class Claimer:
         room = self._config.max_unconfirmed - leases.sending
         if room <= 0:
             return
-        # Chains first: each takes one piece of the window, however long, and a chain kept
-        # waiting holds its key back.
-        for lease in list(leases.values()):
-            for key, rest in list(lease.chains.items()):
-                pieces = chains.pieces(rest, self._piece)
-                if len(pieces[0]) > room:
-                    continue
-                del lease.chains[key]
-                room -= len(pieces[0])
-                for n, piece in enumerate(pieces):
-                    if not self._publish(lease, piece, now, chain=key):
-                        # A row that cannot be built cut the chain: what follows it waits.
-                        lease.give_back.extend(row.seq for p in pieces[n + 1 :] for row in p)
-                        lease.tails.pop(key, None)
-                        break
+        # Chains first: each takes one piece of the window, however long.
+        room = chains.hand_over(
+            leases.values(),
+            room,
+            self._piece,
+            lambda lease, piece, key: self._publish(lease, piece, now, chain=key),
+        )
         for lease in list(leases.values()):
             if not lease.unsent:
                 continue
-            if lease.suspect and leases.in_flight != len(lease.rows):
+            if not suspects.may_send(lease, leases):
                 break  # quarantined, and claimed last: everything before it settles first
             while lease.unsent and room > 0:
                 n = min(self._chunk, room, len(lease.unsent))
@@ -347,15 +316,7 @@ class Claimer:
             finished(Finished(token, outcomes + broken, number))
 
         if chain is not None and broken:
-            # A row of the chain cannot be built: nothing after it may go before it is dealt
-            # with (dead-lettered as malformed), so every row after it is held back, built or
-            # not (a later malformed one is dealt with once it is the key's head).
-            first = min(o.ref for o in broken)
-            kept = [item for item in items if item.ref < first]
-            held = [Outcome(row.seq, Fate.NOT_SENT, HELD_BACK, held_back=True)
-                    for row in rows if row.seq > first]  # fmt: skip
-            broken = [o for o in broken if o.ref == first] + held
-            items = kept
+            broken, items = chains.cut(rows, items, broken)  # the rows after it are held back
         if items:
             with observer.loop_span("publish", messages=len(items)):
                 self._publisher.publish(

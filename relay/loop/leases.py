@@ -1,5 +1,10 @@
 """What the relay holds: its claims under lease, the chunks of them the publisher has, and the
-broker's outcomes for those chunks."""
+broker's outcomes for those chunks.
+
+A row leaves its lease in one of two ways, each in one place: settled (relay/loop/settler.py,
+once its chunk's outcomes are written) or given back (`Lease.drop`). A chunk is answered once
+(`Lease.answer`), by the publisher or by the loop giving up on it.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,6 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import Span
 
 from relay.core.outcome import Outcome
-from relay.core.settlement import Settlement
 from relay.ports import Claimed
 
 
@@ -19,8 +23,8 @@ class Chunk:
     """Rows of one lease handed to the publisher together, until the outcomes are written."""
 
     seqs: list[int]
-    sent_at: float  # clock time it was handed over
-    answered: bool = False  # the publisher answered (or it was given up): being written
+    sent_at: float  # clock time it was handed over (a chain's piece: its turn began)
+    answered: bool = False  # the publisher answered, or it was given up (Lease.answer)
     chain: str | None = None  # a piece of this key's chain (relay/loop/chains.py)
 
 
@@ -36,7 +40,9 @@ class Lease:
     chunks: dict[int, Chunk] = field(default_factory=dict)  # sent, not yet written; oldest first
     spans: dict[int, Span] = field(default_factory=dict)  # send spans, when tracing is on
     sent_at: float | None = None  # clock time its first chunk was handed over (None: not yet)
-    suspect: bool = False  # suspects claimed apart: nothing else may be in flight with them
+    # Suspects claimed apart (relay/loop/suspects.py): nothing else may be in flight with them.
+    # Said by the claim, never changed.
+    suspect: bool = False
     # Hot keys' runs (relay/loop/chains.py): the rows of each key's chain not handed over yet
     # (a chain is handed over whole), and rows to give back unsent (a chain that broke).
     chains: dict[str, deque[Claimed]] = field(default_factory=dict)
@@ -57,6 +63,34 @@ class Lease:
                 counted.add(chunk.chain)
             total += len(chunk.seqs)
         return total
+
+    def answer(self, number: int) -> Chunk | None:
+        """The chunk `number`, now answered (its outcomes to be written), or None when it was
+        answered already or is gone (given up as overdue, or given back): a second answer
+        changes nothing."""
+        chunk = self.chunks.get(number)
+        if chunk is None or chunk.answered:
+            return None
+        chunk.answered = True
+        return chunk
+
+    def drop(self, seqs: list[int]) -> list[Span]:
+        """Forget these rows, given back: from the rows, the ones waiting to be sent, the chains
+        and the give-backs. Returns their send spans, to be ended."""
+        gone = set(seqs)
+        self.unsent = deque(row for row in self.unsent if row.seq not in gone)
+        self.give_back = [seq for seq in self.give_back if seq not in gone]
+        for key, rest in list(self.chains.items()):
+            rest = self.chains[key] = deque(row for row in rest if row.seq not in gone)
+            if not rest:
+                del self.chains[key]
+        spans = []
+        for seq in seqs:
+            self.rows.pop(seq, None)
+            span = self.spans.pop(seq, None)
+            if span is not None:
+                spans.append(span)
+        return spans
 
     def unsent_seqs(self) -> list[int]:
         """Every row held and never handed over: side by side, in chains, or to give back."""
@@ -91,24 +125,14 @@ class Leases(dict[uuid.UUID, Lease]):
         return any(lease.unsent or lease.chains or lease.give_back for lease in self.values())
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Finished:
-    """The broker's outcomes for one chunk of a lease, waiting to be written."""
+    """The broker's outcomes for one chunk of a lease, to be written (how far the writing got
+    is the settler's)."""
 
     token: uuid.UUID
     outcomes: list[Outcome]
     chunk: int = 0
-    # Decided once (the circuits have counted these outcomes), kept if the database fails.
-    settlement: Settlement | None = None
-    # What the circuits answered so far, per resource part: a part already counted is not
-    # counted again when the database fails half way through and the chunk is decided again.
-    burns: dict[str, list[bool]] = field(default_factory=dict)
     # Whether writing it may let new rows be claimed (a key's next message, room in flight); not
     # a piece of a chain that goes on, whose next messages this relay holds already.
     frees: bool = True
-    marked: bool = False  # confirmed rows already marked
-    failures_written: bool = False  # failure decisions already written
-
-    @property
-    def written(self) -> bool:
-        return self.marked and self.failures_written

@@ -6,6 +6,28 @@ tokens, the publisher's window), the settler (writes outcomes) and the upkeep (l
 retention). The publisher reports outcomes from its own thread, through a queue that is also how
 `request_stop`, `wake` and the heartbeat (relay/loop/pulse.py, which `run()` starts) reach the
 loop.
+
+One message's path, in the order it happens:
+
+1. Claim. `Relay.run_once` -> `Claimer.claim` -> `Claimer._claim`: `Store.claim` leases ready
+   rows to a fresh token (suspects apart: relay/loop/suspects.py).
+2. Hold. `Claimer._hold`: the rows become a `Lease` (relay/loop/leases.py), those sent side by
+   side waiting in `unsent`, each hot key's run as a chain (`chains.split`).
+3. Hand over. `Claimer.pump` -> `Claimer._publish`: while the window has room, a chunk of rows
+   (`Chunk`, in `Lease.chunks`) is encoded (`Publisher.encode`) and handed to
+   `Publisher.publish` with a `done` callback; chains go whole (`chains.hand_over`).
+4. Send and confirm, on the publisher's thread (relay/amqp/publisher.py): `Publisher._publish`
+   -> `_send` (basic.publish on the exchange's confirm channel) ... `_on_confirm` -> `_settle`;
+   once every message of the chunk is answered, `done(outcomes)` puts a `Finished` in the inbox.
+5. Answer. `Relay._settle` -> `Relay._handle`: `Lease.answer` takes the chunk's answer once,
+   `chains.answered` says what of it is to be written, and `Settler.add` queues it (a chunk the
+   publisher holds too long is answered by `_give_up_overdue` instead).
+6. Mark. `Settler.settle` (relay/loop/settler.py): decide (relay/core/settlement.py, past the
+   circuits), mark the confirmed rows (`Store.mark_published`, one statement per lease), write
+   the failures (`Store.settle_failures`), and the rows leave their lease.
+
+Rows that never reach the publisher (the broker cannot take them, a stop, a chain that broke) are
+given back (`Relay._release` -> `Store.release`, `Lease.drop`).
 """
 
 from __future__ import annotations
@@ -16,12 +38,11 @@ import logging
 import queue
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 
 from relay.core.outcome import HELD_BACK, Fate, Outcome
 from relay.errors import DatabaseUnavailable
-from relay.loop import chains
+from relay.loop import chains, suspects
 from relay.loop.circuits import ResourceGuard
 from relay.loop.claimer import Claimer
 from relay.loop.counts import Counts
@@ -186,11 +207,9 @@ class Relay:
     def _handle(self, event: object) -> None:
         if isinstance(event, Finished):
             lease = self._leases.get(event.token)
-            chunk = None if lease is None else lease.chunks.get(event.chunk)
-            if lease is not None and chunk is not None and not chunk.answered:
-                chunk.answered = True
-                chains.answered(lease, chunk, event, self._clock())
-                self.settler.add(event)
+            chunk = None if lease is None else lease.answer(event.chunk)
+            if lease is not None and chunk is not None:
+                self.settler.add(chains.answered(lease, chunk, event, self._clock()))
             # else: given up as overdue, or given back, before the publisher answered: the
             # answer changes nothing.
         elif event is _STOP:
@@ -211,17 +230,8 @@ class Relay:
         no attempt is charged; the publisher's late answer, if any, is ignored."""
         life = self.config.max_batch_life
         for lease in list(self._leases.values()):
-            fronts: set[str] = set()  # chains whose piece being sent was looked at
-            for number, chunk in list(lease.chunks.items()):
-                if chunk.answered:
-                    continue  # being written
-                if chunk.chain is not None:
-                    if chunk.chain in fronts:
-                        continue  # waits for the piece before it, which is looked at
-                    fronts.add(chunk.chain)
-                if not chains.overdue(chunk, now, life):
-                    continue
-                chunk.answered = True
+            for number, chunk in chains.overdue_chunks(lease, now, life):
+                lease.answer(number)
                 why = f"no outcome from the publisher within {life:g} s"
                 outcomes = [
                     Outcome(seq, Fate.UNCONFIRMED, why, connection_lost=True)
@@ -230,8 +240,7 @@ class Relay:
                 ]
                 log.error("relay.batch_overdue", extra={"messages": len(outcomes), "error": why})
                 finished = Finished(lease.token, outcomes, number)
-                chains.answered(lease, chunk, finished, now)
-                self.settler.add(finished)
+                self.settler.add(chains.answered(lease, chunk, finished, now))
 
     def _release_orphans(self) -> int:
         """Give back rows a lease holds that nothing would ever settle: not waiting to be sent,
@@ -261,7 +270,6 @@ class Relay:
         )
         log.warning("relay.declared_dead", extra={"in_flight": self.in_flight, "error": why})
         self.release_all(why, forget=True)
-        self.claimer.forget()
         self.pulse.rejoin()
 
     def _db_failed(self, what: str, exc: Exception) -> None:
@@ -355,18 +363,8 @@ class Relay:
         except DatabaseUnavailable as exc:
             log.error("relay.release_failed", extra={"error": str(exc)})
             return 0
-        gone = set(seqs)
-        lease.unsent = deque(row for row in lease.unsent if row.seq not in gone)
-        lease.give_back = [seq for seq in lease.give_back if seq not in gone]
-        for key, rest in list(lease.chains.items()):
-            rest = lease.chains[key] = deque(row for row in rest if row.seq not in gone)
-            if not rest:
-                del lease.chains[key]
-        for seq in seqs:
-            lease.rows.pop(seq, None)
-            span = lease.spans.pop(seq, None)
-            if span is not None:
-                self.observer.end_released(span, why)
+        for span in lease.drop(seqs):
+            self.observer.end_released(span, why)
         if not lease.rows:
             del self._leases[lease.token]
         return released
@@ -374,18 +372,17 @@ class Relay:
     def release_all(self, why: str, *, forget: bool = False) -> int:
         """Give back every row this relay still holds (shutdown): others may take them at once.
 
-        Rows given back unsent cost no attempt. After a crash, the rows that were sent are
-        given up as their lease running out would (Store.abandon): suspects, to be published
-        apart, and the one claimed alone charged for it, so a row that crashes the relay
-        every time ends dead, and alone. With `forget`, a lease the database could not take
-        back is forgotten all the same (it expires, or was taken over already)."""
+        Rows given back unsent cost no attempt. After a crash, the leases whose rows were sent
+        are given up as their running out would (suspects.abandon). With `forget`, a lease the
+        database could not take back is forgotten all the same (it expires, or was taken over
+        already)."""
         counts = Counts()
         self._settle(counts)  # settle whatever did finish first
         counts.released += self._release_unsent(why)
         config = self.config
         for token, lease in list(self._leases.items()):
             try:
-                if self._crashed and lease.sent_at is not None:
+                if suspects.abandon(lease, crashed=self._crashed):
                     counts.released += self.store.abandon(
                         token,
                         error=f"relay {config.relay_id} crashed before it settled: {why}",

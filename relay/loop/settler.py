@@ -14,6 +14,7 @@ import logging
 import random
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from relay.core.policy import Dead, Retry
 from relay.core.settlement import Settlement, settle, triage
@@ -25,6 +26,30 @@ from relay.loop.settings import LoopSettings
 from relay.ports import Store
 
 log = logging.getLogger("relay")
+
+
+@dataclass(slots=True, eq=False)
+class _Writing:
+    """A chunk's outcomes being written, and how far that got: each step is done once, so a
+    database failure half way through takes up where it stopped at the next pass."""
+
+    finished: Finished
+    # Decided once (the circuits have counted these outcomes), kept if the database fails.
+    settlement: Settlement | None = None
+    # What the circuits answered so far, per resource part: a part already counted is not
+    # counted again when the database fails half way through and the chunk is decided again.
+    burns: dict[str, list[bool]] = field(default_factory=dict)
+    marked: bool = False  # confirmed rows already marked
+    failures_written: bool = False  # failure decisions already written
+
+    @property
+    def written(self) -> bool:
+        return self.marked and self.failures_written
+
+    @property
+    def decided(self) -> Settlement:
+        assert self.settlement is not None, "decided before it is written"
+        return self.settlement
 
 
 class Settler:
@@ -46,10 +71,10 @@ class Settler:
         self._leases = leases
         self._wall = wall
         self._rng = rng
-        self._pending: list[Finished] = []
+        self._pending: list[_Writing] = []
 
     def add(self, finished: Finished) -> None:
-        self._pending.append(finished)
+        self._pending.append(_Writing(finished))
 
     def settle(self, counts: Counts) -> int:
         """Write every chunk the broker has answered; return how many of those were written
@@ -63,21 +88,23 @@ class Settler:
         if not pending:
             return 0
         try:
-            with self._observer.loop_span("settle", messages=sum(len(f.outcomes) for f in pending)):
-                for finished in pending:
-                    if finished.settlement is None:
-                        finished.settlement = self._decide(finished)
+            messages = sum(len(w.finished.outcomes) for w in pending)
+            with self._observer.loop_span("settle", messages=messages):
+                for writing in pending:
+                    if writing.settlement is None:
+                        writing.settlement = self._decide(writing)
                 self._mark(pending, counts)
-                for finished in pending:
-                    self._write_failures(finished, counts)
+                for writing in pending:
+                    self._write_failures(writing, counts)
         finally:
-            self._pending[:0] = [f for f in pending if not f.written]
-            for finished in pending:
-                if finished.written:
-                    self._done(finished)
-        return sum(1 for f in pending if f.frees and f.written)
+            self._pending[:0] = [w for w in pending if not w.written]
+            for writing in pending:
+                if writing.written:
+                    self._done(writing)
+        return sum(1 for w in pending if w.finished.frees and w.written)
 
-    def _decide(self, finished: Finished) -> Settlement:
+    def _decide(self, writing: _Writing) -> Settlement:
+        finished = writing.finished
         lease = self._leases.get(finished.token)
         config, guard = self._config, self._guard
         triaged = triage(
@@ -87,37 +114,39 @@ class Settler:
             permanent=config.policy.permanent,
         )
         # The circuits count first: whether a failure burns an attempt depends on its circuit.
-        burns = guard.record(triaged.circuits, finished.burns) if triaged.circuits else {}
+        burns = guard.record(triaged.circuits, writing.burns) if triaged.circuits else {}
         return settle(triaged, burns, policy=config.policy, now=self._wall(), rng=self._rng)
 
-    def _mark(self, pending: list[Finished], counts: Counts) -> None:
+    def _mark(self, pending: list[_Writing], counts: Counts) -> None:
         """Mark the confirmed rows of every chunk not marked yet: one statement per lease."""
-        by_token: dict[uuid.UUID, list[Finished]] = {}
-        for finished in pending:
-            if not finished.marked:
-                by_token.setdefault(finished.token, []).append(finished)
+        by_token: dict[uuid.UUID, list[_Writing]] = {}
+        for writing in pending:
+            if not writing.marked:
+                by_token.setdefault(writing.finished.token, []).append(writing)
         for token, chunks in by_token.items():
-            seqs = [seq for f in chunks for seq in _decided(f).published]
+            seqs = [seq for w in chunks for seq in w.decided.published]
             if seqs:
                 marked = self._store.mark_published(token, seqs)
                 if marked != len(seqs):
                     lost = {"confirmed": len(seqs), "marked": marked}
                     log.warning("relay.lease_lost", extra=lost)
                 counts.published += marked
-            for finished in chunks:
-                finished.marked = True
+            for writing in chunks:
+                writing.marked = True
 
-    def _write_failures(self, finished: Finished, counts: Counts) -> None:
-        if finished.failures_written:
+    def _write_failures(self, writing: _Writing, counts: Counts) -> None:
+        if writing.failures_written:
             return
-        failures = _decided(finished).failures
+        failures = writing.decided.failures
         if failures:
-            self._store.settle_failures(finished.token, failures, relay_id=self._config.relay_id)
+            token = writing.finished.token
+            self._store.settle_failures(token, failures, relay_id=self._config.relay_id)
             _count_failures(failures, counts)
-        finished.failures_written = True
+        writing.failures_written = True
 
-    def _done(self, finished: Finished) -> None:
+    def _done(self, writing: _Writing) -> None:
         """The chunk's rows leave its lease (the lease goes with its last row)."""
+        finished = writing.finished
         lease = self._leases.get(finished.token)
         if lease is None:
             return  # given back meanwhile
@@ -130,15 +159,10 @@ class Settler:
             span = lease.spans.pop(outcome.ref, None)
             if span is not None:
                 spans[outcome.ref] = span
-        decided = _decided(finished)
+        decided = writing.decided
         self._observer.settled(rows, spans, decided.published, decided.failures, self._wall())
         if not lease.rows:
             del self._leases[finished.token]
-
-
-def _decided(finished: Finished) -> Settlement:
-    assert finished.settlement is not None, "decided before it is written"
-    return finished.settlement
 
 
 def _count_failures(failures: list[Retry | Dead], counts: Counts) -> None:
