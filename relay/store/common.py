@@ -1,8 +1,7 @@
-"""Statements and fragments that are the same text on PostgreSQL and on SQLite, written once.
-
-A dialect takes what it can use from here and writes the rest itself (postgres.py, sqlite.py); a
-database whose SQL differs (MySQL cannot UPDATE a table it selects from in a subquery) writes its
-own. Nothing here is a value: every value is bound.
+"""The Python side of relay/store/sql/common.sql: the configuration values the statements take
+(blocking states, resource parts), the suspects' stamps bound into them, and the shared texts under
+the names the dialects and counting.py use. The SQL itself, and why each statement is written as it
+is, is in common.sql; nothing here is a value: every value is bound.
 """
 
 from __future__ import annotations
@@ -11,15 +10,16 @@ import string
 from collections.abc import Callable, Mapping
 
 from relay.core import suspects
+from relay.store import queries
+
+_SQL = queries.load("common")
 
 # ------------------------------------------------------------------------ per-key order
 
-# The states of an earlier message of the same key that keep a keyed message waiting: unfinished
-# ones always; dead ones too with dead_key="hold" (a dead head holds its key until an operator
-# replays or discards it), not with "skip". A literal list, never a bound array: it must match the
-# partial index outbox_message_key_idx (outbox/schema.py) for the planner to probe it.
-BLOCKING_HOLD = "'pending', 'in_flight', 'dead'"
-BLOCKING_SKIP = "'pending', 'in_flight'"
+# The states that hold a key back, a literal list per dead-key mode (common.sql, blocking_hold):
+# {{blocking}} in the statements.
+BLOCKING_HOLD = _SQL.text("blocking_hold")
+BLOCKING_SKIP = _SQL.text("blocking_skip")
 
 
 def blocking_states(*, hold: bool) -> str:
@@ -93,137 +93,22 @@ RESOURCE_PARTS: Mapping[str, str] = {
     "routing_key": "exchange || '/' || routing_key",  # finest: each exchange + routing key
 }
 
-# The shared rows of circuits and rate-limit buckets (outbox_resource). A relay changes one in a
-# short transaction: ENSURE_RESOURCE, then the dialect's lock_resource (which reads it under a
-# lock, with the database's time), a pure transition (relay/core/circuit.py, bucket.py), then
-# UPDATE_RESOURCE with every column.
-ENSURE_RESOURCE = "INSERT INTO outbox_resource (resource) VALUES (:resource) ON CONFLICT DO NOTHING"
-
-RESOURCE_COLUMNS = """resource, state, failures, opens, open_until, probe_owner, probe_until,
-       last_error, changed_at, tokens, tokens_at"""
-
-LIST_RESOURCES = f"SELECT {RESOURCE_COLUMNS} FROM outbox_resource ORDER BY resource"  # noqa: S608
-
-UPDATE_RESOURCE = """
-UPDATE outbox_resource
-SET state = :state, failures = :failures, opens = :opens, open_until = :open_until,
-    probe_owner = :probe_owner, probe_until = :probe_until, last_error = :last_error,
-    changed_at = :changed_at, tokens = :tokens, tokens_at = :tokens_at
-WHERE resource = :resource
-"""
-
-# ------------------------------------------------------------------------ relays, probes
-
-# A relay's heartbeat row goes when it stops cleanly (a crashed one ages out of `relays`).
-FORGET_RELAY = "DELETE FROM outbox_relay WHERE relay_id = :relay_id"
-
-# LIVENESS. A running relay registers (its row's started_at names this run of it) and then beats
-# every heartbeat interval, from a thread of its own: BEAT touches its row only while started_at
-# still names this run. Another relay that finds a row older than :dead_after deletes it and takes
-# back that relay's leases in the same statement (each dialect's RECLAIM_DEAD), as an expired lease
-# would be taken, without waiting for the lease. The lease token still guards every write, so a
-# relay that was only slow changes nothing that was taken from it; its next beat finds its row gone
-# and it gives back what it still holds (relay/loop/pulse.py).
-BEAT = """
-UPDATE outbox_relay SET last_seen = {now}
-WHERE relay_id = :relay_id AND started_at = :started_at
-"""
-
-PING = "SELECT 1"
-
-# ------------------------------------------------------------------------ counting by state
-
-# Status, the state gauges and the console count through the partial indexes, which hold the
-# backlog and the failures but never a published row, so they cost the same beside any number of
-# published rows (relay/store/counting.py). Each WHERE clause names an index's predicate as
-# written in outbox/schema.py, restated beside a narrower condition where it must be: PostgreSQL
-# and SQLite use a partial index only when the query's WHERE clause visibly implies its predicate.
-# `m.key`: unqualified, `key` is a reserved word on MySQL.
-
-# The pending rows, between them: unkeyed ones (outbox_message_ready_idx), keyed ones not parked
-# (outbox_message_ready_keyed_idx), and the parked ones, through the per-key index.
-PENDING_PARTS: tuple[str, ...] = (
-    "m.state = 'pending' AND m.key IS NULL",
-    "m.state = 'pending' AND m.key IS NOT NULL AND NOT m.held",
-    f"m.key IS NOT NULL AND m.state IN ({BLOCKING_HOLD}) AND m.state = 'pending' AND m.held",
+# The texts below are common.sql's, for the dialects that still fill them with str.format (their
+# {now}, {minute}, {state_in} and {failed_at}), and for counting.py.
+ENSURE_RESOURCE = _SQL.text("ensure_resource")
+RESOURCE_COLUMNS = _SQL.text("resource_columns")
+LIST_RESOURCES = _SQL.text("list_resources")
+UPDATE_RESOURCE = _SQL.text("update_resource")
+FORGET_RELAY = _SQL.text("forget_relay")
+BEAT = _SQL.text("beat", {"now": "{now}"})
+PING = _SQL.text("ping")
+PENDING_PARTS: tuple[str, ...] = tuple(
+    _SQL.text(part) for part in ("pending_unkeyed", "pending_keyed", "pending_parked")
 )
-
-# In flight (outbox_message_lease_idx), dead and discarded (outbox_message_failed_idx): the
-# other states counted exactly. Only states with rows come back.
-COUNT_OPEN = """
-SELECT state, count(*) FROM outbox_message WHERE state = 'in_flight' GROUP BY state
-UNION ALL
-SELECT state, count(*) FROM outbox_message WHERE state IN ('dead', 'discarded') GROUP BY state
-"""
-
-# Published and cancelled, exactly: no index holds them, so this reads the whole table. Only run
-# when the table is small (relay/store/estimates.py); beside a large one they are estimated.
-COUNT_SETTLED = """
-SELECT state, count(*) FROM outbox_message WHERE state IN ('published', 'cancelled') GROUP BY state
-"""
-
-# The same per exchange (status and the console's table): (exchange, state, count, the earliest
-# due time among its pending rows due by :now). Through the same indexes: each row they hold
-# costs a heap read for its exchange, none of the published rows does.
-_EXCHANGE_PENDING = """
-SELECT m.exchange, 'pending' AS state, count(*) AS n,
-       min(CASE WHEN m.available_at <= :now THEN m.available_at END) AS oldest
-FROM outbox_message AS m WHERE {where} GROUP BY m.exchange
-"""
-EXCHANGE_OPEN = "UNION ALL".join(
-    [
-        *(_EXCHANGE_PENDING.format(where=where) for where in PENDING_PARTS),
-        """
-SELECT exchange, state, count(*), NULL FROM outbox_message WHERE state = 'in_flight'
-GROUP BY exchange, state
-""",
-        """
-SELECT exchange, state, count(*), NULL FROM outbox_message WHERE state IN ('dead', 'discarded')
-GROUP BY exchange, state
-""",
-    ]
-)
-
-EXCHANGE_SETTLED = """
-SELECT exchange, state, count(*) FROM outbox_message WHERE state IN ('published', 'cancelled')
-GROUP BY exchange, state
-"""
-
-# ------------------------------------------------------------------------ the console's charts
-
-# Messages published per minute since :since. published_at has no index; the id range bounds the
-# scan instead: ids are UUIDv7, time-ordered, and :id_floor is the first id of a moment, so only
-# the messages enqueued since then are read, however many the table holds. {minute} truncates a
-# time to its minute, as each database can.
-PUBLISHED_PER_MINUTE = """
-SELECT {minute} AS minute, count(*) AS n
-FROM outbox_message
-WHERE id >= :id_floor AND state = 'published' AND published_at >= :since
-GROUP BY {minute}
-"""
-
-# The relays' failed attempts per minute and outcome (retry, deferred, dead), through the index
-# on outbox_attempt.at; operators' records (failure_class 'operator') are not failures.
-FAILED_PER_MINUTE = """
-SELECT {minute} AS minute, outcome, count(*) AS n
-FROM outbox_attempt
-WHERE at >= :since AND failure_class <> 'operator'
-GROUP BY {minute}, outcome
-"""
-
-# ------------------------------------------------------------------------ retention
-
-# The rows a purge may delete. The id range comes first: it is the index range scanned (see
-# relay/store/retention.py); :after_id is the id of the last row the previous batch of the same
-# purge deleted, so a purge never re-walks rows it has already passed. Each branch names its
-# terminal states, so a `pending` or `in_flight` row can never match, whatever :states holds.
-# {state_in} tests :states (bound as the dialect binds a list); {failed_at} is the latest time
-# anything happened to a failed row.
-ELIGIBLE = """
-id > :after_id AND id < :cutoff_id
-AND {state_in}
-AND (
-    (state = 'published' AND published_at < :cutoff)
-    OR (state IN ('dead', 'discarded', 'cancelled') AND {failed_at} < :cutoff)
-)
-"""
+COUNT_OPEN = _SQL.text("count_open")
+COUNT_SETTLED = _SQL.text("count_settled")
+EXCHANGE_OPEN = _SQL.text("exchange_open")
+EXCHANGE_SETTLED = _SQL.text("exchange_settled")
+PUBLISHED_PER_MINUTE = _SQL.text("published_per_minute", {"published_minute": "{minute}"})
+FAILED_PER_MINUTE = _SQL.text("failed_per_minute", {"failed_minute": "{minute}"})
+ELIGIBLE = _SQL.text("eligible", {"eligible_states": "{state_in}", "failed_at": "{failed_at}"})

@@ -2,7 +2,9 @@
 databases truly differ.
 
 postgres.py, mysql.py and sqlite.py each define a Dialect; databases.py maps a URL to one. Another
-database is a module beside them and a line in databases.py: SqlStore does not change.
+database is a module beside them, its .sql file (relay/store/sql/, read by queries.py) and a line
+in databases.py: SqlStore does not change. A dialect's statements are data: which block of its
+file each one is (Query), built and compiled once per store configuration (Dialect.__init__).
 
 Every dialect's statements keep these conventions, so SqlStore binds the same values everywhere:
 
@@ -25,7 +27,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -50,6 +52,7 @@ from sqlalchemy.types import TypeEngine
 from outbox.schema import UUID
 from relay.store import common
 from relay.store.estimates import TableStats
+from relay.store.queries import Queries, QueryError
 
 TIME = DateTime(timezone=True)
 
@@ -135,6 +138,39 @@ def compile_sql(
 
 
 @dataclass(frozen=True, slots=True)
+class Query:
+    """One statement of a dialect, as data: the block of its .sql files it is built from, its
+    result columns' types (None: untyped), the text its placeholders take beside the store's
+    configuration (queries.py), and which of its binds expand as lists (None: the dialect's)."""
+
+    block: str
+    columns: Mapping[str, TypeEngine[Any]] | None = None
+    fill: Mapping[str, str] = field(default_factory=dict)
+    lists: Collection[str] | None = None
+
+
+def build(
+    queries: Queries,
+    statements: Mapping[str, Query],
+    config: Mapping[str, str],
+    lists: Collection[str] = (),
+) -> dict[str, Compiled]:
+    """Each of `statements` built from `queries` with this configuration, and compiled."""
+    built: dict[str, Compiled] = {}
+    configured: set[str] = set()
+    for name, query in statements.items():
+        text, taken = queries.expand(query.block, query.fill, config)
+        configured |= taken
+        built[name] = compile_sql(
+            text, query.columns, lists=lists if query.lists is None else query.lists
+        )
+    unused = sorted(set(config) - configured)
+    if unused:
+        raise QueryError(f"no statement takes the configuration's {unused}")
+    return built
+
+
+@dataclass(frozen=True, slots=True)
 class Statements:
     """The statements run as they are (by SqlStore; count_eligible by retention.py): the same
     names, binds and result columns in every dialect. What takes several statements on some
@@ -201,6 +237,29 @@ class Statements:
         )
 
 
+# SqlStore's statements (Statements' fields) in every dialect: the block of the same name, with
+# these result columns. The resource and relay rows' statements of common.sql bind no list, and one
+# name means a number there: a bucket's `:tokens` (update_resource), not extend_leases' list of
+# lease tokens.
+STATEMENTS: Mapping[str, Query] = {
+    "has_ready": Query("has_ready"),
+    "release": Query("release"),
+    "extend_leases": Query("extend_leases"),
+    "unpark_sweep": Query("unpark_sweep"),
+    "resources": Query("list_resources", RESOURCE_COLUMNS, lists=()),
+    "ensure_resource": Query("ensure_resource"),
+    "lock_resource": Query("lock_resource", LOCKED_RESOURCE_COLUMNS),
+    "update_resource": Query("update_resource", lists=()),
+    "heartbeat": Query("heartbeat"),
+    "forget_relay": Query("forget_relay", lists=()),
+    "relays": Query("relays", RELAY_COLUMNS),
+    "pending_summary": Query("pending_summary"),
+    "count_eligible": Query("count_eligible"),
+    "ping": Query("ping", lists=()),
+}
+_FIELDS = {f.name for f in fields(Statements)}
+
+
 class Dialect(ABC):
     """One database's SQL for the relay's store.
 
@@ -237,6 +296,12 @@ class Dialect(ABC):
     # The SQL expression of a row's resource part, per scope (common.RESOURCE_PARTS' texts,
     # where the database concatenates with ||).
     resource_parts: ClassVar[Mapping[str, str]] = common.RESOURCE_PARTS
+    # Its .sql files (common.sql and its own), and its statements beyond SqlStore's (STATEMENTS,
+    # which it may also redefine), by the attribute its methods find each on.
+    queries: ClassVar[Queries]
+    statements: ClassVar[Mapping[str, Query]] = {}
+    # The binds its statements expand as lists (Query.lists overrides).
+    lists: ClassVar[Collection[str]] = ()
 
     def __init__(self, *, hold: bool = True, scope: str = "exchange") -> None:
         if scope not in common.RESOURCE_PARTS:
@@ -244,11 +309,17 @@ class Dialect(ABC):
         blocking = common.blocking_states(hold=hold)
         self.sql = self._prepare(blocking=blocking, resource=self.resource_parts[scope])
 
-    @abstractmethod
     def _prepare(self, *, blocking: str, resource: str) -> Statements:
         """Compile this database's statements, once: those SqlStore runs (returned) and those
         this dialect's own methods run (kept on self). `blocking` is the literal list of states
-        that hold a key back, `resource` the SQL expression of a row's resource part."""
+        that hold a key back, `resource` the SQL expression of a row's resource part: the
+        configuration, {{blocking}} and {{resource}} in the .sql files."""
+        config = {"blocking": blocking, "resource": resource}
+        built = build(self.queries, {**STATEMENTS, **self.statements}, config, self.lists)
+        for name, clause in built.items():
+            if name not in _FIELDS:
+                setattr(self, name, clause)
+        return Statements(**{name: built[name] for name in _FIELDS})
 
     @classmethod
     @abstractmethod

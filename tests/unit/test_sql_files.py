@@ -11,19 +11,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import BindParameter, TextClause, TextualSelect
 
 from relay.core.resources import SCOPES
-from relay.store import common, mysql, postgres, sqlite
+from relay.store import common, mysql, postgres, queries, sqlite
 from relay.store.databases import DIALECTS, dialect_for
-from relay.store.dialect import Compiled, Dialect, Statements
+from relay.store.dialect import STATEMENTS, Compiled, Dialect, Query, Statements, build
 
 BEFORE = Path(__file__).with_name("sql_before.json")
+# The dialects whose statements are built from .sql files.
+CONVERTED = ("postgresql",)
 
 
 def normal(sql: str) -> str:
@@ -70,8 +74,8 @@ MODULE_TEXTS: dict[str, Callable[[], str]] = {
     "postgres.FAILED_PER_MINUTE": lambda: postgres.FAILED_PER_MINUTE,
     "postgres.PURGE_BATCH": lambda: postgres.PURGE_BATCH,
     "postgres.COUNT_ELIGIBLE": lambda: postgres.COUNT_ELIGIBLE,
-    "postgres.TABLE_SIZE": lambda: postgres.TABLE_SIZE,
-    "postgres.TABLE_SHARES": lambda: postgres.TABLE_SHARES,
+    "postgres.TABLE_SIZE": lambda: postgres.SQL.text("table_size"),
+    "postgres.TABLE_SHARES": lambda: postgres.SQL.text("table_shares"),
     "postgres.NO_PARALLEL": lambda: postgres.NO_PARALLEL,
     "postgres.READ_SNAPSHOT": lambda: postgres.READ_SNAPSHOT,
     "postgres.LISTEN": lambda: postgres.LISTEN,
@@ -158,6 +162,88 @@ def test_every_statement_is_the_one_the_python_strings_built() -> None:
     assert sorted(now) == sorted(before)
     for name, found in now.items():
         assert found == before[name], name
+
+
+# --------------------------------------------------------------------------- the loader
+
+FILE = """
+-- what the file is about
+-- first --
+-- Why it is so.
+SELECT {{part}} FROM t  -- stays
+-- a note between the lines, for the reader
+WHERE {{where}}
+
+-- part --
+a,
+b
+"""
+
+
+def test_a_block_is_its_sql_without_the_readers_comments() -> None:
+    blocks = queries.parse(FILE, "x.sql")
+    assert list(blocks) == ["first", "part"]
+    assert blocks["first"].comment == "Why it is so.\na note between the lines, for the reader"
+    assert blocks["first"].text == "SELECT {{part}} FROM t  -- stays\nWHERE {{where}}"
+
+
+def test_placeholders_take_fill_then_configuration_then_blocks_indented() -> None:
+    sql = queries.Queries(queries.parse(FILE, "x.sql"))
+    text, taken = sql.expand("first", {"where": "x = :x"}, {"unused": "1"})
+    assert text == "SELECT a,\nb FROM t  -- stays\nWHERE x = :x"
+    assert taken == set()
+    assert sql.used == {"first", "part"}
+    assert sql.expand("first", {}, {"where": "{{part}}"})[1] == {"where"}
+
+
+@pytest.mark.parametrize(
+    ("fill", "error"),
+    [
+        ({}, "nothing fills {{where}}"),
+        ({"where": "1", "other": "2"}, "nothing in it takes ['other']"),
+        ({"where": "1", "part": "2"}, "['part'] name blocks"),
+        ({"where": "{{first}}"}, "first -> where -> first: a fragment that holds itself"),
+    ],
+)
+def test_a_placeholder_nothing_fills_or_a_value_nothing_takes_is_an_error(
+    fill: dict[str, str], error: str
+) -> None:
+    sql = queries.Queries(queries.parse(FILE, "x.sql"))
+    with pytest.raises(queries.QueryError, match=re.escape(error)):
+        sql.expand("first", fill, {})
+
+
+def test_a_block_name_means_one_text() -> None:
+    with pytest.raises(queries.QueryError, match="'part' is defined twice"):
+        queries.parse(FILE + "\n-- part --\nc\n", "x.sql")
+    with pytest.raises(queries.QueryError, match=re.escape("is in common.sql and common.sql")):
+        queries.load("common", "common")
+    with pytest.raises(queries.QueryError, match="no SQL"):
+        queries.parse("-- empty --\n-- only a comment\n", "x.sql")
+
+
+def test_a_configuration_no_statement_takes_is_an_error() -> None:
+    sql = queries.Queries(queries.parse(FILE, "x.sql"))
+    with pytest.raises(queries.QueryError, match=re.escape("configuration's ['scope']")):
+        build(sql, {"s": Query("part")}, {"scope": "exchange"})
+
+
+def test_every_statement_sqlstore_runs_has_its_block() -> None:
+    assert set(STATEMENTS) == {f.name for f in dataclasses.fields(Statements)}
+
+
+def test_every_block_of_every_file_is_used() -> None:
+    for backend in CONVERTED:
+        for hold in (True, False):
+            for scope in SCOPES:
+                dialect_for(backend, hold=hold, scope=scope)
+    used = set(common._SQL.used)
+    for backend in CONVERTED:
+        module = DIALECTS[backend].queries
+        used |= module.used
+        own = {n for n, b in module.blocks.items() if b.file != "common.sql"}
+        assert own <= module.used, sorted(own - module.used)
+    assert set(queries.read("common")) <= used, sorted(set(queries.read("common")) - used)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from sqlalchemy import TextClause, TextualSelect
 
 from relay.core.resources import SCOPES
 from relay.errors import ConfigError
-from relay.store import common, mysql, postgres, sqlite
+from relay.store import common, mysql, postgres, queries, sqlite
 from relay.store.databases import DIALECTS, database_url, dialect_for
 from relay.store.dialect import Dialect, Statements, compile_sql
 
@@ -51,9 +51,9 @@ def test_the_scopes_are_the_cores_and_each_has_its_expression() -> None:
 
 
 def test_the_blocking_states_and_the_head_check_are_written_once() -> None:
-    sources = {p.name: p.read_text() for p in STORE.glob("*.py")}
-    for literal in ("'pending', 'in_flight'", "e.seq < "):
-        assert [name for name, text in sources.items() if literal in text] == ["common.py"]
+    sources = {p.name: p.read_text() for p in [*STORE.glob("*.py"), *STORE.glob("sql/*.sql")]}
+    for literal, home in (("'pending', 'in_flight'", "common.sql"), ("e.seq < ", "common.py")):
+        assert [name for name, text in sources.items() if literal in text] == [home]
     hold = dialect_for("postgresql", hold=True)
     skip = dialect_for("postgresql", hold=False)
     assert "'pending', 'in_flight', 'dead'" in sql_of(hold.sql.unpark_sweep)
@@ -79,12 +79,15 @@ def test_sqlite_reads_its_clock_only_through_now() -> None:
         ), name
 
 
+POSTGRES = every_statement(dialect_for("postgresql"))
+
+
 @pytest.mark.parametrize(
     "sql",
     [
-        postgres.MARK_PUBLISHED,
-        postgres.RELEASE,
-        postgres.SETTLE_FAILURES,
+        POSTGRES["_mark"],
+        POSTGRES["release"],
+        POSTGRES["_settle"],
         sqlite.MARK_PUBLISHED,
         sqlite.RELEASE,
         sqlite.SETTLE_ONE,
@@ -101,9 +104,9 @@ def test_every_settlement_is_guarded_by_the_lease(sql: str) -> None:
 def test_postgresql_skips_rows_another_relay_has_locked() -> None:
     claim = every_statement(dialect_for("postgresql"))["_claim"]
     assert claim.count("FOR UPDATE SKIP LOCKED") == 3  # unkeyed, keyed candidates, runs
-    assert "FOR UPDATE SKIP LOCKED" in postgres.RECLAIM_EXPIRED
+    assert "FOR UPDATE SKIP LOCKED" in POSTGRES["_reclaim"]
     assert "FOR UPDATE SKIP LOCKED" in postgres.PURGE_BATCH
-    assert "FOR UPDATE" in postgres.LOCK_RESOURCE
+    assert "FOR UPDATE" in POSTGRES["lock_resource"]
 
 
 def test_mysql_skips_rows_another_relay_has_locked_and_reads_them_in_index_order() -> None:
@@ -137,15 +140,20 @@ def test_binds_are_typed_by_their_whole_name() -> None:
 
 
 def test_the_comments_name_statements_that_exist() -> None:
-    for path in STORE.glob("*.py"):
+    # A statement is a module's name, or a block of the module's .sql file (postgres._CLAIM:
+    # postgres.sql's claim).
+    modules = {"postgres": postgres, "sqlite": sqlite, "mysql": mysql, "common": common}
+    for path in [*STORE.glob("*.py"), *STORE.glob("sql/*.sql")]:
         for module, name in re.findall(
             r"\b(postgres|sqlite|mysql|common)\.([A-Za-z_]+)", path.read_text()
         ):
-            if name == "py":  # a file name, not a statement
+            if name in ("py", "sql"):  # a file name, not a statement
                 continue
-            modules = {"postgres": postgres, "sqlite": sqlite, "mysql": mysql, "common": common}
             owner = modules[module]
-            assert hasattr(owner, name), f"{path.name} names {module}.{name}"
+            sql = STORE / "sql" / f"{module}.sql"
+            blocks = queries.parse(sql.read_text(), sql.name) if sql.exists() else {}
+            found = hasattr(owner, name) or name.lower().lstrip("_") in blocks
+            assert found, f"{path.name} names {module}.{name}"
 
 
 def test_only_the_postgresql_dialect_listens() -> None:
