@@ -19,7 +19,8 @@ from relay.cli.options import Commands, Handler, argparse_type
 from relay.console.auth import MIN_TOKEN, is_loopback
 from relay.console.server import open_console
 from relay.errors import ConfigError
-from relay.runtime.config import RelayConfig, port
+from relay.runtime.config import RelayConfig
+from relay.runtime.readers import port
 
 log = logging.getLogger("relay")
 

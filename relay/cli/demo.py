@@ -7,7 +7,8 @@ import argparse
 from typing import Any
 
 from relay.cli.options import Commands, Handler, argparse_type
-from relay.runtime.config import RelayConfig, positive_int, positive_number
+from relay.runtime.config import RelayConfig
+from relay.runtime.readers import positive_int, positive_number
 
 
 def add_parsers(sub: Commands) -> None:

@@ -27,8 +27,9 @@ from relay.cli.options import Commands, Handler, argparse_type
 from relay.console.present import jsonable
 from relay.core.durations import parse_duration, parse_moment
 from relay.errors import ConfigError
-from relay.runtime.config import RelayConfig, positive_int
+from relay.runtime.config import RelayConfig
 from relay.runtime.logs import printable
+from relay.runtime.readers import positive_int
 from relay.store import admin, command_engine
 
 BULK_CHUNK = 500

@@ -1,4 +1,4 @@
-"""The settings table (relay.runtime.config.SETTINGS) as argparse options, and back.
+"""The settings table (relay.runtime.settings.SETTINGS) as argparse options, and back.
 
 argparse gets no defaults from the table: a flag left out is None, so `configure` can tell it from
 a value given and fall back to the environment after parsing, where a bad variable can be named.
@@ -10,7 +10,9 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias, TypeVar
 
-from relay.runtime.config import SETTINGS, OneOf, RelayConfig, Setting, resolve, settings_for
+from relay.runtime.config import RelayConfig
+from relay.runtime.readers import OneOf
+from relay.runtime.settings import SETTINGS, Setting, resolve, settings_for
 
 T = TypeVar("T")
 # The subcommands' action; Any: main's parser class is a subclass, and the action is invariant.

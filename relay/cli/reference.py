@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from relay.cli.main import build_parser
-from relay.runtime.config import SETTINGS, Setting
+from relay.runtime.settings import SETTINGS, Setting
 
 _BY_FLAG = {setting.flag: setting for setting in SETTINGS}
 

@@ -1,5 +1,5 @@
 """`outbox-relay run`: the relay, until SIGTERM or SIGINT. Its flags are those of the settings
-table (relay.runtime.config.SETTINGS) that `run` reads."""
+table (relay.runtime.settings.SETTINGS) that `run` reads."""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from relay.core.urls import secrets_of
-from relay.runtime.config import parse_db_url
 from relay.runtime.logs import one_line
+from relay.runtime.urls import parse_db_url
 from relay.store.databases import DIALECTS, driver_arguments
 from relay.store.postgres import NOTIFY_PROBE, behind_pooler
 

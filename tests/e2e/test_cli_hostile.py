@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from relay.cli.main import build_parser, main
-from relay.runtime.config import SETTINGS
+from relay.runtime.settings import SETTINGS
 from tests.e2e.test_cli import environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

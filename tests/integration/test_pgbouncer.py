@@ -34,7 +34,7 @@ from sqlalchemy.exc import DBAPIError
 import outbox
 from relay.cli.main import main
 from relay.errors import ConfigError, DatabaseUnavailable
-from relay.runtime.config import parse_db_url
+from relay.runtime.urls import parse_db_url
 from relay.runtime.wakeup import Listener, listener_for
 from relay.store.databases import driver_arguments
 from relay.store.sql_store import SqlStore, make_engine, open_store

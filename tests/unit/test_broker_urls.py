@@ -15,8 +15,8 @@ from relay.cli.options import configure
 from relay.core.resources import broker_id
 from relay.core.urls import node_name, redact, secrets_of, split_urls
 from relay.errors import ConfigError
-from relay.runtime.config import parse_amqp_url
 from relay.runtime.logs import one_line
+from relay.runtime.urls import parse_amqp_url
 from tests.tlsproxy import Certificates, make_certificates
 
 A = "amqps://relay:pw-a@node-a.example:5671/orders"

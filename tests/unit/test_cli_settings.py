@@ -13,7 +13,8 @@ from relay.cli import main as cli
 from relay.cli.options import configure
 from relay.core.durations import format_duration, parse_duration
 from relay.errors import ConfigError
-from relay.runtime.config import SETTINGS, RelayConfig, resolve
+from relay.runtime.config import RelayConfig
+from relay.runtime.settings import SETTINGS, resolve
 
 DB = "sqlite:///elsewhere.db"
 AMQP = "amqp://relay:pw@broker.example:5672/orders"

@@ -10,8 +10,9 @@ import pytest
 from relay.core.durations import parse_duration, parse_moment
 from relay.core.urls import redact, secrets_of
 from relay.errors import ConfigError, plain_broker_error
-from relay.runtime.config import parse_amqp_url, parse_db_url, positive_int, positive_number
 from relay.runtime.logs import one_line, printable
+from relay.runtime.readers import positive_int, positive_number
+from relay.runtime.urls import parse_amqp_url, parse_db_url
 
 NOW = dt.datetime(2026, 11, 23, tzinfo=dt.UTC)
 

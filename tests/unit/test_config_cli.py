@@ -8,7 +8,8 @@ from relay.cli import main as cli
 from relay.cli.schema import format_status
 from relay.core.urls import redact
 from relay.errors import ConfigError
-from relay.runtime.config import RelayConfig, parse_amqp_url, parse_db_url
+from relay.runtime.config import RelayConfig
+from relay.runtime.urls import parse_amqp_url, parse_db_url
 
 
 @pytest.mark.parametrize(

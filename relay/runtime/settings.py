@@ -1,0 +1,290 @@
+"""The table of settings that builds the relay's RelayConfig from flags and environment variables.
+
+Each setting is declared once, in SETTINGS: its flag, its variable, how its text is read
+(relay/runtime/readers.py), its help and the commands that read it. The CLI gives argparse no
+defaults; `resolve` takes, per setting, the flag, else the variable, else RelayConfig's default,
+and reads the variable's text only then, so a bad value is reported under the name it came from,
+and only by a command that reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from relay.amqp.tls import TlsOptions
+from relay.core.circuit import CircuitSettings
+from relay.core.durations import format_duration, positive_duration
+from relay.core.failures import FailureClass
+from relay.core.policy import RetryPolicy
+from relay.core.retention import RetentionPolicy
+from relay.core.urls import redact
+from relay.errors import ConfigError
+from relay.runtime.config import CIRCUIT_SCOPE, DEAD_KEY, LOG_LEVEL, RelayConfig
+from relay.runtime.readers import (
+    age,
+    exchange_limits,
+    failure_classes,
+    host_name,
+    non_negative_number,
+    port,
+    positive_int,
+    positive_number,
+    rate_limits,
+    readable_file,
+    switch,
+    text,
+)
+from relay.runtime.urls import amqp_url, db_url
+
+RUN = frozenset({"run"})
+# The commands that talk to the broker; the others need no AMQP URL.
+BROKER_COMMANDS = frozenset({"run", "demo", "demo-producer", "demo-consumer"})
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One option of the relay: its flag, its environment variable, and who reads it."""
+
+    flag: str  # "--batch-size"; its dest ("batch_size") names the setting
+    env: str | None  # the environment variable; None: a flag only
+    target: str  # what it sets in RelayConfig, dotted for a part of one: "policy.max_age"
+    read: Callable[[str], Any]  # text -> value (relay/runtime/readers.py)
+    help: str
+    commands: frozenset[str] | None = RUN  # the commands that read it; None: every command
+    not_for: frozenset[str] = frozenset()  # exceptions to `commands`
+    everywhere: bool = False  # a global option: accepted before or after any command's name
+    show: Callable[[Any], str] = str  # the default as --help writes it
+    metavar: str | None = None
+    secret: bool = False  # may hold a password: a value is never echoed, the default redacted
+    repeat: bool = False  # repeated flags add up; the variable is comma-separated
+    switch: bool = False  # --flag / --no-flag (`read` is then `switch`, for the variable)
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    def used_by(self, command: str) -> bool:
+        listed = self.commands is None or command in self.commands
+        return listed and command not in self.not_for
+
+    def default(self) -> Any:
+        value: Any = _defaults()
+        for name in self.target.split("."):
+            value = getattr(value, name)
+        return value
+
+    def default_text(self) -> str:
+        """The default as --help writes it."""
+        text = self.show(self.default())
+        return redact(text) if self.secret else text
+
+    def from_env(self, raw: str) -> Any:
+        """The variable's value; ConfigError naming the variable when it cannot be read."""
+        assert self.env is not None
+        try:
+            return self.read(raw)
+        except ValueError as exc:
+            message = str(exc)
+            if self.secret:
+                # Not echoed: a value that does not parse may hide a password from redact().
+                raise ConfigError(f"{self.env}: {message}") from None
+            said = repr(raw)
+            # Readers start with the text they were given; say it once.
+            problem = message if message.startswith(said) else f"{said}: {message}"
+            raise ConfigError(f"{self.env}={problem}") from None
+
+
+@cache
+def _defaults() -> RelayConfig:
+    return RelayConfig()
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+def _age_text(value: float | None) -> str:
+    return "forever" if value is None else format_duration(value)
+
+
+def _mapping_text(value: Mapping[str, object]) -> str:
+    pairs = (f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
+    return ",".join(pairs) or "none"
+
+
+def _classes_text(value: frozenset[FailureClass]) -> str:
+    return ",".join(sorted(c.value for c in value)) or "none"
+
+
+def _none_text(value: str | None) -> str:
+    return value or "none"
+
+
+def _system_cas(value: str | None) -> str:
+    return value or "the system's"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # Global options: every command accepts them, before or after its name.
+    Setting("--db", "OUTBOX_DB_URL", "db_url", db_url, "SQLAlchemy database URL",
+            commands=None, not_for=frozenset({"demo"}), everywhere=True, metavar="URL",
+            secret=True),
+    Setting("--amqp", "OUTBOX_AMQP_URL", "amqp_url", amqp_url,
+            "AMQP URL of the broker; a cluster's nodes as several URLs separated by commas, "
+            "tried in order",
+            commands=BROKER_COMMANDS, everywhere=True, metavar="URL", secret=True),
+    Setting("--amqp-ca-file", "OUTBOX_AMQP_CA_FILE", "amqp_tls.ca_file", readable_file,
+            "amqps://: verify the broker's certificate with these PEM CA certificates",
+            commands=BROKER_COMMANDS, everywhere=True, show=_system_cas, metavar="FILE"),
+    Setting("--amqp-cert-file", "OUTBOX_AMQP_CERT_FILE", "amqp_tls.cert_file", readable_file,
+            "amqps://: client certificate (PEM) for a broker that asks for one; it may hold "
+            "the key too", commands=BROKER_COMMANDS, everywhere=True, show=_none_text,
+            metavar="FILE"),
+    Setting("--amqp-key-file", "OUTBOX_AMQP_KEY_FILE", "amqp_tls.key_file", readable_file,
+            "amqps://: the client certificate's private key (PEM, unencrypted)",
+            commands=BROKER_COMMANDS, everywhere=True, show=_none_text, metavar="FILE"),
+    Setting("--amqp-server-name", "OUTBOX_AMQP_SERVER_NAME", "amqp_tls.server_name", host_name,
+            "amqps://: the name the broker's certificate must carry, also sent as SNI",
+            commands=BROKER_COMMANDS, everywhere=True, show=lambda v: v or "each URL's host",
+            metavar="NAME"),
+    Setting("--log-level", "OUTBOX_LOG_LEVEL", "log_level", LOG_LEVEL,
+            "log level", commands=None, everywhere=True),
+    # `run`: the relay.
+    Setting("--relay-id", "OUTBOX_RELAY_ID", "relay_id", text,
+            "name of this relay in leases and logs", show=lambda _: "HOSTNAME:PID", metavar="ID"),
+    Setting("--batch-size", "OUTBOX_BATCH_SIZE", "batch_size", positive_int,
+            "rows claimed at a time", metavar="N"),
+    Setting("--max-in-flight", "OUTBOX_MAX_IN_FLIGHT", "max_in_flight", positive_int,
+            "unconfirmed messages at most", metavar="N"),
+    Setting("--max-unconfirmed", "OUTBOX_MAX_UNCONFIRMED", "max_unconfirmed", positive_int,
+            "messages published and not yet marked at most: what a killed relay can leave for "
+            "the next to publish again", metavar="N"),
+    Setting("--heartbeat-interval", "OUTBOX_HEARTBEAT_INTERVAL", "heartbeat_interval",
+            positive_number, "seconds between this relay's heartbeats", show=_seconds,
+            metavar="SECONDS"),
+    Setting("--dead-after", "OUTBOX_DEAD_AFTER", "dead_after", positive_number,
+            "seconds without a heartbeat after which a relay is taken for dead and its leases "
+            "are taken back (at least 3 x --heartbeat-interval)", show=_seconds,
+            metavar="SECONDS"),
+    Setting("--poll-interval", "OUTBOX_POLL_INTERVAL", "poll_interval", positive_number,
+            "longest wait in seconds between claims when idle; right after work the relay looks "
+            "again within milliseconds", show=_seconds, metavar="SECONDS"),
+    Setting("--listen", "OUTBOX_LISTEN", "listen", switch,
+            "on PostgreSQL, LISTEN for enqueue notifications to wake at once (polling continues "
+            "either way, e.g. behind pgbouncer)", show=lambda on: "on" if on else "off",
+            switch=True),
+    Setting("--lease", "OUTBOX_LEASE_SECONDS", "lease_seconds", positive_number,
+            "seconds a claim is held before others may take it over", show=_seconds,
+            metavar="SECONDS"),
+    Setting("--max-attempts", "OUTBOX_MAX_ATTEMPTS", "policy.max_attempts", positive_int,
+            "attempts before a message is dead-lettered, unless it sets its own", metavar="N"),
+    Setting("--max-attempts-for", None, "policy.max_attempts_by_exchange", exchange_limits,
+            "max attempts for one exchange; repeatable, or comma-separated",
+            show=_mapping_text, metavar="EXCHANGE=N", repeat=True),
+    Setting("--max-age", "OUTBOX_MAX_AGE", "policy.max_age", positive_duration,
+            "dead-letter a failing message this old", show=_age_text, metavar="DURATION"),
+    Setting("--backoff-base", "OUTBOX_BACKOFF_BASE", "policy.base", positive_duration,
+            "first backoff window", show=format_duration, metavar="DURATION"),
+    Setting("--backoff-cap", "OUTBOX_BACKOFF_CAP", "policy.cap", positive_duration,
+            "longest backoff window", show=format_duration, metavar="DURATION"),
+    Setting("--permanent", "OUTBOX_PERMANENT", "policy.permanent", failure_classes,
+            "failure classes dead-lettered at once, comma-separated, or 'none' (malformed rows "
+            "are dead whatever this says)", show=_classes_text, metavar="CLASSES"),
+    Setting("--retain-published", "OUTBOX_RETAIN_PUBLISHED", "retention.published_after", age,
+            "delete published messages this long after publishing, or 'forever'",
+            show=_age_text, metavar="DURATION"),
+    Setting("--retain-failed", "OUTBOX_RETAIN_FAILED", "retention.failed_after", age,
+            "delete dead, discarded and cancelled messages this old, or 'forever'",
+            show=_age_text, metavar="DURATION"),
+    Setting("--dead-key", "OUTBOX_DEAD_KEY", "dead_key", DEAD_KEY,
+            "when a keyed message is dead-lettered, hold the rest of its key until an operator "
+            "replays or discards it, or skip past it"),
+    Setting("--circuit-threshold", "OUTBOX_CIRCUIT_THRESHOLD", "circuit.threshold", positive_int,
+            "consecutive failures of one resource that open its circuit", metavar="N"),
+    Setting("--circuit-cooldown", "OUTBOX_CIRCUIT_COOLDOWN", "circuit.cooldown",
+            positive_duration, "first open period; it doubles while the resource keeps failing",
+            show=format_duration, metavar="DURATION"),
+    Setting("--circuit-max-cooldown", "OUTBOX_CIRCUIT_MAX_COOLDOWN", "circuit.max_cooldown",
+            positive_duration, "longest open period", show=format_duration, metavar="DURATION"),
+    Setting("--circuit-scope", "OUTBOX_CIRCUIT_SCOPE", "circuit_scope", CIRCUIT_SCOPE,
+            "what fails together and shares a circuit: the broker (and vhost), each exchange, "
+            "or each exchange and routing key; the same on every relay"),
+    Setting("--rate-limit", "OUTBOX_RATE_LIMITS", "rate_limits", rate_limits,
+            "messages per second for one resource (its exchange at the default scope), shared "
+            "by every relay; repeatable, or comma-separated", show=_mapping_text,
+            metavar="RESOURCE=RATE", repeat=True),
+    Setting("--http-port", "OUTBOX_HTTP_PORT", "http_port", port,
+            "serve /healthz, /readyz and /metrics on this port; 0 turns it off", metavar="PORT"),
+    Setting("--http-host", "OUTBOX_HTTP_HOST", "http_host", text, "address for --http-port",
+            metavar="HOST"),
+    Setting("--confirm-timeout", "OUTBOX_CONFIRM_TIMEOUT", "confirm_timeout", positive_number,
+            "seconds to wait for a broker confirm", show=_seconds, metavar="SECONDS"),
+    Setting("--drain-timeout", "OUTBOX_DRAIN_TIMEOUT", "drain_timeout", non_negative_number,
+            "seconds to wait for in-flight confirms on shutdown", show=_seconds,
+            metavar="SECONDS"),
+    Setting("--max-batch-life", "OUTBOX_MAX_BATCH_LIFE", "batch_life", positive_number,
+            "seconds a published batch may wait for the broker's answers before its messages "
+            "are retried (default: 3 x --confirm-timeout)",
+            show=lambda v: "3 x confirm timeout" if v is None else _seconds(v),
+            metavar="SECONDS"),
+    Setting("--statement-timeout", "OUTBOX_STATEMENT_TIMEOUT", "statement_timeout",
+            positive_number, "seconds before the database cancels one of the relay's statements "
+            "(PostgreSQL and MariaDB: any statement; MySQL: SELECTs; not set behind a pooler)",
+            show=_seconds, metavar="SECONDS"),
+)  # fmt: skip
+
+
+def settings_for(command: str) -> tuple[Setting, ...]:
+    """The settings only `command` has flags for (the global options aside)."""
+    return tuple(s for s in SETTINGS if not s.everywhere and s.used_by(command))
+
+
+def resolve(command: str, flags: Mapping[str, Any], environ: Mapping[str, str]) -> RelayConfig:
+    """The configuration `command` runs with.
+
+    `flags` holds the values argparse read, by dest (None: not given). Each setting takes its
+    flag, else its variable (an empty one counts as unset), else RelayConfig's default. A command
+    reads only the variables of the settings it uses, so a bad one it ignores stops nothing.
+    """
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if flags.get(setting.dest) is not None:
+            values[setting.target] = flags[setting.dest]
+        elif setting.env and setting.used_by(command) and environ.get(setting.env, "").strip():
+            values[setting.target] = setting.from_env(environ[setting.env])
+    return build(values)
+
+
+_PARTS: Mapping[str, Callable[..., Any]] = {
+    "amqp_tls": TlsOptions,
+    "policy": RetryPolicy,
+    "retention": RetentionPolicy,
+    "circuit": CircuitSettings,
+}
+
+
+def build(values: Mapping[str, Any]) -> RelayConfig:
+    """RelayConfig from values by field path; what is not given keeps its default."""
+    top: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {}
+    for path, value in values.items():
+        head, _, tail = path.partition(".")
+        if tail:
+            parts.setdefault(head, {})[tail] = value
+        else:
+            top[head] = value
+    policy = parts.get("policy", {})
+    if "base" in policy:
+        # The shortest backoff never exceeds the first window.
+        policy["floor"] = min(RetryPolicy().floor, policy["base"])
+    if "confirm_timeout" in top:
+        # Longer than a confirm can take, so a probe in flight is never taken over.
+        parts.setdefault("circuit", {})["probe_timeout"] = max(
+            CircuitSettings().probe_timeout, 2 * top["confirm_timeout"]
+        )
+    for head, kwargs in parts.items():
+        top[head] = _PARTS[head](**kwargs)
+    return RelayConfig(**top)
