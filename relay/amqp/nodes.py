@@ -2,17 +2,21 @@
 cluster, in the order given), with the TLS options applied to amqps:// ones.
 
 pika connects to one parameters object at a time; the publisher walks this list itself (it
-must know which node it uses), and blocking connections take the list as it is.
+must know which node it uses; `Rounds` says which is next, and how soon), and blocking
+connections take the list as it is.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
+from typing import Any
 
 import pika
 
 from relay.amqp.tls import TlsOptions
 from relay.core.urls import node_name, redact, split_urls
+from relay.errors import plain_broker_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,3 +45,70 @@ def ssl_options(tls: TlsOptions | None) -> pika.SSLOptions | None:
     if tls is None or not tls.given:
         return None
     return pika.SSLOptions(tls.context(), tls.server_name)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed connect or a lost connection, and where it leads."""
+
+    node: Node  # the node that failed
+    round_over: bool  # every node failed since the last connection: back off before the next
+    next_node: str | None  # the node tried next, when there are several
+
+
+class Rounds:
+    """Which node to connect to: after a failure, the next one in order at once (another node of
+    the cluster may answer); once every node failed since the last connection, the round is
+    over, and the next one begins after a backoff."""
+
+    def __init__(self, nodes: list[Node], reconnect_max: float) -> None:
+        self.nodes = nodes
+        self._reconnect_max = reconnect_max
+        self._index = 0  # the node connected to, or being tried
+        self._tried = 0  # nodes of this round that failed; every one failed: back off
+        self._failures = 0  # rounds that failed since the last connection
+
+    @property
+    def current(self) -> Node:
+        """The node connected to, or being tried."""
+        return self.nodes[self._index]
+
+    def connected(self) -> None:
+        """The current node answered: the next failure starts a new round, with no backoff."""
+        self._failures = 0
+        self._tried = 0
+
+    def failed(self) -> Failure:
+        """The current node failed: move on to the next."""
+        failed = self.nodes[self._index]
+        self._index = (self._index + 1) % len(self.nodes)
+        self._tried += 1
+        round_over = self._tried >= len(self.nodes)
+        if round_over:
+            self._tried = 0
+        next_node = self.current.name if len(self.nodes) > 1 else None
+        return Failure(failed, round_over, next_node)
+
+    def backoff(self, failure: Failure) -> float:
+        """Seconds to wait before trying the next node: none within a round; after a whole
+        round, longer for each round that failed, with full jitter so that several relays
+        losing the same broker do not reconnect in lockstep."""
+        if not failure.round_over:
+            return 0.0
+        self._failures += 1
+        return random.uniform(0.5, min(self._reconnect_max, 0.5 * 2**self._failures))
+
+
+def lost_fields(node: Node, why: str, retry_in: float, next_node: str | None) -> dict[str, Any]:
+    """broker.lost's fields: the node, why, and which node is tried next, how soon."""
+    fields: dict[str, Any] = {"node": node.name, "broker": node.url, "error": why}
+    if next_node is not None:
+        fields["next"] = next_node
+    fields["retry_in"] = retry_in
+    return fields
+
+
+def plain(node: Node, why: str) -> str:
+    """`node: why` in an operator's words (relay.errors), without pika's "connection failed:"
+    prefix, so that only the last node's error is left for plain_broker_error to read."""
+    return plain_broker_error(f"{node.name}: {why}").replace(": connection failed: ", ": ", 1)

@@ -7,11 +7,12 @@ message. Nothing outside this module knows what a delivery tag is.
 
 The broker may be a cluster: the nodes are tried in the order given, and a failed connect or a
 lost connection moves on to the next node at once; only when every node failed does the
-publisher back off before the next round.
+publisher back off before the next round (relay/amqp/nodes.py, Rounds).
 
 Each exchange gets its own confirm channel: publishing to a missing exchange makes the broker
 close the channel (404), and with one channel per exchange that takes down only the messages
-that were going there, never the other destinations' messages in flight.
+that were going there, never the other destinations' messages in flight. What is waiting for
+the broker's answer (batches, channels, chains) is tracked in relay/amqp/confirms.py.
 """
 
 from __future__ import annotations
@@ -19,13 +20,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import random
 import struct
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from pika import spec
@@ -37,14 +36,15 @@ from pika.exceptions import (
 )
 
 from relay.amqp.coalesce import CoalescingConnection
+from relay.amqp.confirms import Batch, Chains, Chan, answer
 from relay.amqp.connect_errors import connect_error
-from relay.amqp.nodes import Node, broker_nodes
+from relay.amqp.nodes import Node, Rounds, broker_nodes, lost_fields, plain
 from relay.amqp.tls import TlsOptions
 from relay.amqp.untraced import basic_publish, suppress_instrumentation, wrapped_pika
 from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
-from relay.core.outcome import HELD_BACK, Fate, Outcome
+from relay.core.outcome import Fate, Outcome
 from relay.core.urls import redact
-from relay.errors import BrokerUnavailable, plain_broker_error
+from relay.errors import BrokerUnavailable
 from relay.ports import Claimed, Done, Outgoing
 
 log = logging.getLogger("relay.publisher")
@@ -55,47 +55,6 @@ _ENCODING_ERRORS = (TypeError, ValueError, struct.error, UnsupportedAMQPFieldExc
 
 # AMQP allows 2047 channels per connection by default; idle ones beyond this are closed.
 MAX_CHANNELS = 256
-# Broken chains remembered (ample: a chain's batches all arrive within one pass of the relay).
-MAX_BROKEN_CHAINS = 4096
-
-
-@dataclass(slots=True, eq=False)
-class _Batch:
-    items: Sequence[Outgoing]
-    done: Done
-    sent_at: float
-    outcomes: list[Outcome | None] = field(default_factory=list)
-    remaining: int = 0
-    chain: Hashable | None = None  # one at a time, each after the one before it is confirmed
-
-
-Entry = tuple[_Batch, int]
-
-
-@dataclass(slots=True, eq=False)
-class _Chan:
-    """The confirm channel of one exchange, and what is waiting on it."""
-
-    exchange: str
-    channel: Any = None  # set once confirm mode is on
-    next_tag: int = 0
-    unconfirmed: dict[int, Entry] = field(default_factory=dict)
-    queued: list[Entry] = field(default_factory=list)  # waiting for the channel to open
-
-
-def _lost_fields(node: Node, why: str, retry_in: float, next_node: str | None) -> dict[str, Any]:
-    """broker.lost's fields: the node, why, and which node is tried next, how soon."""
-    fields: dict[str, Any] = {"node": node.name, "broker": node.url, "error": why}
-    if next_node is not None:
-        fields["next"] = next_node
-    fields["retry_in"] = retry_in
-    return fields
-
-
-def _plain(node: Node, why: str) -> str:
-    """`node: why` in an operator's words (relay.errors), without pika's "connection failed:"
-    prefix, so that only the last node's error is left for plain_broker_error to read."""
-    return plain_broker_error(f"{node.name}: {why}").replace(": connection failed: ", ": ", 1)
 
 
 class Publisher:
@@ -120,8 +79,8 @@ class Publisher:
         name: str = "outbox-relay",
         tls: TlsOptions | None = None,
     ) -> None:
-        self._nodes = broker_nodes(amqp_url, tls)
-        for node in self._nodes:
+        nodes = broker_nodes(amqp_url, tls)
+        for node in nodes:
             params = node.params
             params.client_properties = {"connection_name": name}
             # pika's default is to wait forever while the broker blocks publishers (an alarm).
@@ -129,23 +88,16 @@ class Publisher:
             params.connection_attempts = 1
             params.socket_timeout = 5
         self._all_urls = redact(amqp_url)
-        self._index = 0  # the node connected to, or being tried
-        self._tried = 0  # nodes of this round that failed; every one failed: back off
+        self._rounds = Rounds(nodes, reconnect_max_delay)
         self.node: str | None = None  # host:port of the node connected to, for logs and /readyz
         self._confirm_timeout = confirm_timeout
-        self._reconnect_max = reconnect_max_delay
         self._ioloop = IOLoop()
         self._thread: threading.Thread | None = None
         self._conn: Any = None
-        self._chans: OrderedDict[str, _Chan] = OrderedDict()  # least recently used first
-        # Each chain's batches, the one being sent first; the rest wait for it to be confirmed.
-        self._chains: dict[Hashable, deque[_Batch]] = {}
-        # Chains that broke, most recent last: a batch of one that comes after the break (the
-        # relay hands a chain's batches over together, so only by a race) is held back too.
-        self._broken: OrderedDict[Hashable, None] = OrderedDict()
+        self._chans: OrderedDict[str, Chan] = OrderedDict()  # least recently used first
+        self._chains = Chains(self._next_in_chain)
         self._returned: dict[str, str] = {}
         self._stopping = False
-        self._failures = 0
         self._first_attempt = threading.Event()
         self._first_error: str | None = None
         # Nodes that failed before any answered, and why: logged once one answers, or said all
@@ -166,7 +118,7 @@ class Publisher:
         self._thread = threading.Thread(target=self._run, name="publisher-io", daemon=True)
         self._thread.start()
         self._ioloop.add_callback_threadsafe(self._connect)
-        waited = timeout * len(self._nodes)
+        waited = timeout * len(self._rounds.nodes)
         if not self._first_attempt.wait(waited):
             self.stop(1.0)
             raise BrokerUnavailable(f"broker {self._all_urls} did not answer within {waited:.0f} s")
@@ -177,10 +129,10 @@ class Publisher:
     def _why_none_answered(self) -> str:
         """Where and why, in one line: each node and its error, in plain words but the last
         one's, which relay.errors.plain_broker_error reads (the CLI applies it to the line)."""
-        if len(self._nodes) == 1:
+        if len(self._rounds.nodes) == 1:
             return f"{self._url}: {self._first_error}"
         *earlier, (last, why) = self._first_round
-        reasons = [_plain(node, error) for node, error in earlier] + [f"{last.name}: {why}"]
+        reasons = [plain(node, error) for node, error in earlier] + [f"{last.name}: {why}"]
         return f"{self._all_urls}: {'; '.join(reasons)}"
 
     def publish(
@@ -188,7 +140,7 @@ class Publisher:
     ) -> None:
         """Publish a batch; `done(outcomes)` is called from the IO thread once all are settled.
         A chain's batches go one message at a time (ports.Publisher.publish)."""
-        batch = _Batch(items, done, time.monotonic(), chain=chain)
+        batch = Batch(items, done, time.monotonic(), chain=chain)
         self._ioloop.add_callback_threadsafe(lambda: self._publish(batch))
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -228,13 +180,13 @@ class Publisher:
     @property
     def _url(self) -> str:
         """The node connected to, or being tried (password masked)."""
-        return self._nodes[self._index].url
+        return self._rounds.current.url
 
     def _connect(self) -> None:
         if self._stopping:
             return
         self._conn = CoalescingConnection(
-            parameters=self._nodes[self._index].params,
+            parameters=self._rounds.current.params,
             on_open_callback=self._on_connection_open,
             on_open_error_callback=self._on_connection_open_error,
             on_close_callback=self._on_connection_closed,
@@ -245,17 +197,16 @@ class Publisher:
         self.blocked = False  # a new connection starts unblocked; the broker re-sends the alarm
         conn.add_on_connection_blocked_callback(self._on_blocked)
         conn.add_on_connection_unblocked_callback(self._on_unblocked)
-        self._failures = 0
-        self._tried = 0
+        self._rounds.connected()
         negotiated = getattr(getattr(conn, "params", None), "frame_max", None)
         if isinstance(negotiated, int) and negotiated > 0:
             self._frame_max = negotiated
         self.connections += 1
-        self.node = self._nodes[self._index].name
+        self.node = self._rounds.current.name
         # Each node that failed before this one answered, and the node tried after it.
         tried_next = [node.name for node, _ in self._first_round[1:]] + [self.node]
         for (failed, why), next_node in zip(self._first_round, tried_next, strict=False):
-            log.warning("broker.lost", extra=_lost_fields(failed, why, 0.0, next_node))
+            log.warning("broker.lost", extra=lost_fields(failed, why, 0.0, next_node))
         self._first_round.clear()
         self.ready = True
         log.info("broker.connected", extra={"node": self.node, "broker": self._url})
@@ -276,31 +227,21 @@ class Publisher:
         self.ready = False
         self.node = None
         self._fail_everything(why)
-        failed = self._nodes[self._index]
-        # The next node; a round ends when every node failed since the last connection.
-        self._index = (self._index + 1) % len(self._nodes)
-        self._tried += 1
-        round_over = self._tried >= len(self._nodes)
-        if round_over:
-            self._tried = 0
+        failure = self._rounds.failed()
         starting = not self._first_attempt.is_set()
         if starting:
-            self._first_round.append((failed, why))
-            if round_over:
+            self._first_round.append((failure.node, why))
+            if failure.round_over:
                 self._first_error = why
                 self._first_attempt.set()
                 return
         if self._stopping:
             self._ioloop.stop()
             return
-        delay = 0.0  # another node of the cluster may answer: try it at once
-        if round_over:
-            self._failures += 1
-            # Full jitter, so several relays losing the same broker do not reconnect in lockstep.
-            delay = random.uniform(0.5, min(self._reconnect_max, 0.5 * 2**self._failures))
+        delay = self._rounds.backoff(failure)
         if not starting:
-            next_node = self._nodes[self._index].name if len(self._nodes) > 1 else None
-            log.warning("broker.lost", extra=_lost_fields(failed, why, delay, next_node))
+            fields = lost_fields(failure.node, why, delay, failure.next_node)
+            log.warning("broker.lost", extra=fields)
         self._ioloop.call_later(delay, self._connect)
 
     def _on_blocked(self, _conn: Any, frame: Any) -> None:
@@ -315,14 +256,14 @@ class Publisher:
 
     # ----------------------------------------------------------------- channels
 
-    def _chan(self, exchange: str) -> _Chan:
+    def _chan(self, exchange: str) -> Chan:
         chan = self._chans.get(exchange)
         if chan is not None:
             self._chans.move_to_end(exchange)
             return chan
         if len(self._chans) >= MAX_CHANNELS:
             self._close_idle_channel()
-        chan = _Chan(exchange)
+        chan = Chan(exchange)
         self._chans[exchange] = chan
         self._conn.channel(on_open_callback=lambda ch: self._on_channel_open(chan, ch))
         return chan
@@ -335,7 +276,7 @@ class Publisher:
                     chan.channel.close()
                 return
 
-    def _on_channel_open(self, chan: _Chan, channel: Any) -> None:
+    def _on_channel_open(self, chan: Chan, channel: Any) -> None:
         channel.add_on_close_callback(lambda ch, reason: self._on_channel_closed(chan, reason))
         channel.add_on_return_callback(self._on_return)
         channel.confirm_delivery(
@@ -343,7 +284,7 @@ class Publisher:
             callback=lambda _frame: self._on_confirm_ok(chan, channel),
         )
 
-    def _on_confirm_ok(self, chan: _Chan, channel: Any) -> None:
+    def _on_confirm_ok(self, chan: Chan, channel: Any) -> None:
         if self._chans.get(chan.exchange) is not chan:
             return  # replaced while opening (the connection was lost meanwhile)
         chan.channel = channel
@@ -353,7 +294,7 @@ class Publisher:
             for batch, i in queued:
                 self._send(chan, batch, i)
 
-    def _on_channel_closed(self, chan: _Chan, reason: BaseException) -> None:
+    def _on_channel_closed(self, chan: Chan, reason: BaseException) -> None:
         if self._chans.get(chan.exchange) is chan:
             del self._chans[chan.exchange]
         if isinstance(reason, ChannelClosedByBroker) and reason.reply_code == 404:
@@ -370,16 +311,14 @@ class Publisher:
 
     # ----------------------------------------------------------------- publishing
 
-    def _publish(self, batch: _Batch) -> None:
+    def _publish(self, batch: Batch) -> None:
         n = len(batch.items)
         batch.outcomes = [None] * n
         batch.remaining = n
         if n == 0:
             batch.done([])
             return
-        if batch.chain is not None and batch.chain in self._broken:
-            self._hold_back(batch, 0, HELD_BACK)
-            batch.done([o for o in batch.outcomes if o is not None])
+        if batch.chain is not None and self._chains.held_back(batch):
             return
         if self._conn is None or not self._conn.is_open or self._stopping:
             why = "connection blocked" if self.blocked else "no connection to the broker"
@@ -389,19 +328,16 @@ class Publisher:
                 )
             return
         if batch.chain is not None:
-            waiting = self._chains.setdefault(batch.chain, deque())
-            waiting.append(batch)
-            if len(waiting) == 1:  # else it starts when the one before it is all confirmed
-                self._next_in_chain(batch, 0)
+            self._chains.start(batch)
             return
-        chan: _Chan | None = None
+        chan: Chan | None = None
         with self._conn.coalesced():  # the whole batch in one write (relay/amqp/coalesce.py)
             for i, item in enumerate(batch.items):
                 if chan is None or chan.exchange != item.exchange:
                     chan = self._chan(item.exchange)
                 self._send_or_queue(chan, batch, i)
 
-    def _next_in_chain(self, batch: _Batch, i: int) -> None:
+    def _next_in_chain(self, batch: Batch, i: int) -> None:
         """Send message `i` of a chained batch (the one before it was confirmed). Straight from
         the confirm's callback: no thread hop and no database round trip between the two."""
         if self._conn is None or not self._conn.is_open or self._stopping:
@@ -413,13 +349,13 @@ class Publisher:
         with self._conn.coalesced():  # its three frames in one write
             self._send_or_queue(self._chan(batch.items[i].exchange), batch, i)
 
-    def _send_or_queue(self, chan: _Chan, batch: _Batch, i: int) -> None:
+    def _send_or_queue(self, chan: Chan, batch: Batch, i: int) -> None:
         if chan.channel is None:
             chan.queued.append((batch, i))  # sent once the channel is in confirm mode
         else:
             self._send(chan, batch, i)
 
-    def _send(self, chan: _Chan, batch: _Batch, i: int) -> None:
+    def _send(self, chan: Chan, batch: Batch, i: int) -> None:
         item = batch.items[i]
         try:
             # pika's own method, around any wrapper that would rewrite traceparent (untraced.py)
@@ -446,7 +382,7 @@ class Publisher:
                 f"routing key {method.routing_key!r}"
             )
 
-    def _on_confirm(self, chan: _Chan, frame: Any) -> None:
+    def _on_confirm(self, chan: Chan, frame: Any) -> None:
         method = frame.method
         tag: int = method.delivery_tag
         ack = isinstance(method, spec.Basic.Ack)
@@ -469,56 +405,21 @@ class Publisher:
                 outcome = Outcome(item.ref, Fate.REJECTED, "basic.nack from broker")
             self._settle(batch, i, outcome)
 
-    def _settle(self, batch: _Batch, i: int, outcome: Outcome) -> None:
+    def _settle(self, batch: Batch, i: int, outcome: Outcome) -> None:
         if batch.outcomes[i] is not None:
             return
         batch.outcomes[i] = outcome
         batch.remaining -= 1
         if batch.chain is not None:
-            self._chain_moves_on(batch, i, outcome)
+            self._chains.settled(batch, i, outcome)
             return
         if batch.remaining == 0:
-            batch.done([o for o in batch.outcomes if o is not None])
-
-    def _chain_moves_on(self, batch: _Batch, i: int, outcome: Outcome) -> None:
-        """Message `i` of a chain's batch is settled: send the next (of this batch, or of the
-        chain's next batch once this one is answered), or, if it was not confirmed, send nothing
-        more of the chain: the rest are held back (sending them would put them ahead of it)."""
-        confirmed = outcome.fate is Fate.CONFIRMED
-        if confirmed and i + 1 < len(batch.items):
-            self._next_in_chain(batch, i + 1)
-            return
-        why = f"{HELD_BACK} ({outcome.fate})"
-        if not confirmed:
-            self._hold_back(batch, i + 1, why)
-            self._broken[batch.chain] = None
-            if len(self._broken) > MAX_BROKEN_CHAINS:
-                self._broken.popitem(last=False)
-        batch.done([o for o in batch.outcomes if o is not None])
-        waiting = self._chains.get(batch.chain)
-        if waiting is None or not waiting or waiting[0] is not batch:
-            return
-        waiting.popleft()
-        while waiting and not confirmed:
-            later = waiting.popleft()
-            self._hold_back(later, 0, why)
-            later.done([o for o in later.outcomes if o is not None])
-        if waiting:
-            self._next_in_chain(waiting[0], 0)
-        else:
-            del self._chains[batch.chain]
-
-    @staticmethod
-    def _hold_back(batch: _Batch, start: int, why: str) -> None:
-        for j in range(start, len(batch.items)):
-            if batch.outcomes[j] is None:
-                batch.outcomes[j] = Outcome(batch.items[j].ref, Fate.NOT_SENT, why, held_back=True)
-                batch.remaining -= 1
+            answer(batch)
 
     # ----------------------------------------------------------------- failures
 
     def _fail_chan(
-        self, chan: _Chan, sent_fate: Fate, why: str, queued_fate: Fate, *, lost: bool = False
+        self, chan: Chan, sent_fate: Fate, why: str, queued_fate: Fate, *, lost: bool = False
     ) -> None:
         blocked = self.blocked
         unconfirmed, chan.unconfirmed = chan.unconfirmed, {}
