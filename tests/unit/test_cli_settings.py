@@ -9,6 +9,7 @@ from importlib.metadata import version
 
 import pytest
 
+from outbox.schema import SCHEMA_VERSION
 from relay.cli import main as cli
 from relay.cli.options import configure
 from relay.core.durations import format_duration, parse_duration
@@ -201,7 +202,8 @@ def test_an_option_left_out_after_the_command_keeps_the_one_before_it() -> None:
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"outbox-relay {version('outbox-relay')}"
+    said = capsys.readouterr().out.strip()
+    assert said == f"outbox-relay {version('outbox-relay')} (schema {SCHEMA_VERSION})"
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["status", "--help"]])

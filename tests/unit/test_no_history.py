@@ -43,7 +43,11 @@ CODE = ("outbox", "relay", "benchmarks")
 
 def _pages() -> list[Path]:
     found = [README, *sorted(DOCS.rglob("*.md"))]
-    return [p for p in found if p.exists() and p not in HISTORICAL_PAGES]
+    # docs/_generated/ holds make bench's tables, each dated: the performance page includes them.
+    generated = DOCS / "_generated"
+    return [
+        p for p in found if p.exists() and p not in HISTORICAL_PAGES and generated not in p.parents
+    ]
 
 
 def _sources() -> list[Path]:
