@@ -24,11 +24,12 @@ from tqdm import tqdm
 
 from outbox.states import State
 from relay.cli.options import Commands, Handler, argparse_type
-from relay.console.present import jsonable
 from relay.core.durations import parse_duration, parse_moment
 from relay.errors import ConfigError
+from relay.runtime import message_filter as filters
 from relay.runtime.config import RelayConfig
 from relay.runtime.logs import printable
+from relay.runtime.message_rows import cell, jsonable, message_cells
 from relay.runtime.readers import positive_int
 from relay.store import admin, command_engine
 
@@ -43,14 +44,17 @@ def _uuid(raw: str) -> uuid.UUID:
 
 
 def _states(raw: str) -> list[str]:
-    names = [s.strip() for s in raw.split(",") if s.strip()]
-    known = [s.value for s in State]
-    bad = [n for n in names if n not in known]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown state {', '.join(bad) or repr(raw)} (known: {', '.join(known)})"
-        )
-    return names
+    try:
+        names = filters.states([raw])
+    except filters.UnknownState as exc:
+        bad = ", ".join(exc.unknown)
+    else:
+        if names:
+            return names
+        bad = repr(raw)
+    raise argparse.ArgumentTypeError(
+        f"unknown state {bad} (known: {', '.join(filters.KNOWN_STATES)})"
+    )
 
 
 def _add_filters(p: argparse.ArgumentParser) -> None:
@@ -128,27 +132,16 @@ def _priority(raw: str) -> int:
     return value
 
 
-def _filter(args: argparse.Namespace, now: dt.datetime) -> admin.MessageFilter:
-    def when(name: str) -> dt.datetime | None:
-        raw = getattr(args, name)
-        if raw is None:
-            return None
-        try:
-            return parse_moment(raw, now)
-        except ValueError as exc:
-            raise ConfigError(f"--{name.replace('_', '-')}: {exc}") from None
+# The filters' flags (_add_filters), by the names relay/runtime/message_filter.py reads.
+_FILTER_FLAGS = ("exchange", "routing_key", "key", "error_contains", *filters.TIME_FILTERS)
 
-    return admin.MessageFilter(
-        states=args.state,
-        exchange=args.exchange,
-        routing_key=args.routing_key,
-        key=args.key,
-        created_since=when("created_since"),
-        created_until=when("created_until"),
-        failed_since=when("failed_since"),
-        failed_until=when("failed_until"),
-        error_contains=args.error_contains,
-    )
+
+def _filter(args: argparse.Namespace, now: dt.datetime) -> admin.MessageFilter:
+    values = {n: [getattr(args, n)] for n in _FILTER_FLAGS if getattr(args, n) is not None}
+    try:
+        return filters.message_filter({"state": args.state, **values}, now)
+    except filters.FilterError as exc:
+        raise ConfigError(f"--{exc.name.replace('_', '-')}: {exc.problem}") from None
 
 
 def operator() -> str:
@@ -169,14 +162,6 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _iso(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return printable(str(value))
-
-
 def table(cells: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     rows = [[printable(c) for c in r] for r in cells]  # stored text reaches the terminal escaped
     widths = [
@@ -187,9 +172,9 @@ def table(cells: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _short(text: Any, width: int) -> str:
-    s = "-" if text is None else " ".join(str(text).split())
-    return s if len(s) <= width else s[: width - 1] + "…"
+# The columns of `messages` (relay/runtime/message_rows.py), and the widths a terminal allows.
+_COLUMNS = ("id", "state", "attempts", "exchange", "routing_key", "created", "last_error")
+_WIDTHS = {"exchange": 24, "routing_key": 24, "last_error": 60}
 
 
 def cmd_messages(config: RelayConfig, args: argparse.Namespace) -> int:
@@ -200,12 +185,9 @@ def cmd_messages(config: RelayConfig, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([jsonable(r) for r in rows], default=str))
         return 0
+    cells = [message_cells(r, _WIDTHS) for r in rows]
     print(table(
-        [
-            [str(r["id"]), r["state"], str(r["attempts"]), _short(r["exchange"], 24),
-             _short(r["routing_key"], 24), _iso(r["created_at"]), _short(r["last_error"], 60)]
-            for r in rows
-        ],
+        [[c[column] for column in _COLUMNS] for c in cells],
         ["id", "state", "att", "exchange", "routing key", "created", "last error"],
     ))  # fmt: skip
     if len(rows) == args.limit:
@@ -247,11 +229,11 @@ def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
     ]  # fmt: skip
     width = max(len(f) for f in fields)
     for f in fields:
-        print(f"{f:<{width}}  {_iso(found.get(f))}")
+        print(f"{f:<{width}}  {cell(found.get(f))}")
     headers = found.get("headers") or {}
     # json.dumps escapes control characters itself; a row whose headers are not a mapping is
     # shown as stored, escaped.
-    shown = json.dumps(headers, default=str) if isinstance(headers, dict) else _iso(headers)
+    shown = json.dumps(headers, default=str) if isinstance(headers, dict) else cell(headers)
     print(f"{'headers':<{width}}  " + (shown if headers else "-"))
     try:
         text = payload.decode("utf-8")
@@ -261,8 +243,8 @@ def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
     print(f"{'payload':<{width}}  {printable(preview, keep=chr(10) + chr(9))}")
     print()
     print(table(
-        [[str(h["attempt"]), _iso(h["at"]), h["outcome"], h["failure_class"],
-          _short(h["relay_id"], 24), _iso(h["next_attempt_at"]), _short(h["error"], 70)]
+        [[str(h["attempt"]), cell(h["at"]), h["outcome"], h["failure_class"],
+          cell(h["relay_id"], 24), cell(h["next_attempt_at"]), cell(h["error"], 70)]
          for h in history],
         ["attempt", "at", "outcome", "class", "by", "next attempt", "error"],
     ) if history else "no failed attempts")  # fmt: skip
@@ -270,11 +252,7 @@ def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
 
 
 def _has_filter(args: argparse.Namespace) -> bool:
-    return any(
-        getattr(args, n) is not None
-        for n in ("exchange", "routing_key", "key", "created_since", "created_until",
-                  "failed_since", "failed_until", "error_contains")
-    ) or bool(args.state)  # fmt: skip
+    return any(getattr(args, n) is not None for n in _FILTER_FLAGS) or bool(args.state)
 
 
 def _bulk(
@@ -416,7 +394,7 @@ def _due(args: argparse.Namespace, now: dt.datetime) -> dt.datetime:
 def cmd_reschedule(config: RelayConfig, args: argparse.Namespace) -> int:
     at = _due(args, utc_now())
     action = functools.partial(admin.reschedule, at=at)
-    return _pending_change(config, args, "reschedule", action, f"due at {_iso(at)} UTC")
+    return _pending_change(config, args, "reschedule", action, f"due at {cell(at)} UTC")
 
 
 def cmd_prioritize(config: RelayConfig, args: argparse.Namespace) -> int:

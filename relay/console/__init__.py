@@ -7,7 +7,10 @@
     filters.py   query parameters to the store's MessageFilter, and back to links
     monitor.py   the overview's figures, refreshed on demand, and their per-minute rollup
     pages.py     the pages; layout.py their frame; charts.py inline SVG; html.py the escaping
-    present.py   rows as JSON and payloads as text, JSON or hex
+    present.py   messages and circuits as JSON, payloads as text, JSON or hex
+
+Filters are read, and rows written, as the command line reads and writes them
+(relay/runtime/message_filter.py, relay/runtime/message_rows.py).
 
 Every query is the store's (relay/store/admin.py); this package only reads requests and writes
 pages.

@@ -20,8 +20,9 @@ from typing import Any
 from sqlalchemy import Engine
 
 from outbox.states import State
-from relay.console.filters import FILTERS, BadRequest, describe, message_filter, only
+from relay.console.filters import BadRequest, describe, message_filter, only
 from relay.core.durations import parse_duration, parse_moment
+from relay.runtime.message_filter import FILTERS
 from relay.store import admin
 
 MAX_SELECTION = 1000  # ids in one request

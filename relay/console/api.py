@@ -26,11 +26,13 @@ from typing import Any
 from sqlalchemy import Engine
 
 from relay.console import actions, present
-from relay.console.filters import FILTERS, PAGING, BadRequest, Params, message_filter, only, paging
+from relay.console.filters import PAGING, BadRequest, Params, message_filter, only, paging
 from relay.console.monitor import Snapshot
 from relay.core import circuit
 from relay.loop.circuits import log_transition
 from relay.ports import ResourceRow
+from relay.runtime.message_filter import FILTERS
+from relay.runtime.message_rows import jsonable
 from relay.store import admin
 from relay.store.sql_store import SqlStore
 
@@ -43,7 +45,7 @@ GROUPED = ("dead",)  # the states grouped by error
 def messages(engine: Engine, params: Params, now: dt.datetime) -> dict[str, Any]:
     page = page_of(engine, params, now)
     rows = [{k: v for k, v in r.items() if k != "seq"} for r in page.rows]
-    return {"messages": present.jsonable(rows), "older": page.older, "newer": page.newer}
+    return {"messages": jsonable(rows), "older": page.older, "newer": page.newer}
 
 
 def page_of(engine: Engine, params: Params, now: dt.datetime) -> admin.Page:
@@ -145,7 +147,7 @@ def reset_circuit(store: SqlStore, body: Mapping[str, Any], who: str) -> tuple[i
 
 def overview(snap: Snapshot) -> dict[str, Any]:
     c = snap.counts
-    result: dict[str, Any] = present.jsonable(
+    result: dict[str, Any] = jsonable(
         {
             "taken_at": snap.taken_at,
             "counts": {**c.by_state, "ready": c.ready, "delayed": c.delayed},

@@ -34,8 +34,8 @@ from relay.console.auth import (
 from relay.console.filters import BadRequest, filter_params, parse_query
 from relay.console.html import Html
 from relay.console.monitor import Monitor
-from relay.console.present import jsonable
 from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError, SchemaNotFound
+from relay.runtime.message_rows import jsonable
 from relay.store import admin
 from relay.store import grants as store_grants
 from relay.store.sql_store import SqlStore, translated

@@ -1,5 +1,6 @@
-"""Query parameters to the store's MessageFilter (the filters of `outbox-relay messages`), and the
-parameters back into links. A bad or unknown parameter is a BadRequest naming it."""
+"""Query parameters to the store's MessageFilter (read as `outbox-relay messages` reads its
+filters: relay/runtime/message_filter.py), and the parameters back into links. A bad or unknown
+parameter is a BadRequest naming it."""
 
 from __future__ import annotations
 
@@ -8,14 +9,10 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from outbox.states import State
-from relay.core.durations import parse_moment
+from relay.runtime.message_filter import FILTERS, FilterError
+from relay.runtime.message_filter import message_filter as read_filter
 from relay.store.admin import MessageFilter
 
-# Each as in `outbox-relay messages --routing-key ...`, with underscores.
-TEXT_FILTERS = ("exchange", "routing_key", "key", "error_contains", "error_group")
-TIME_FILTERS = ("created_since", "created_until", "failed_since", "failed_until")
-FILTERS = ("state", *TEXT_FILTERS, *TIME_FILTERS)
 PAGING = ("limit", "before", "after")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -50,40 +47,12 @@ def _one(params: Params, name: str) -> str | None:
     return values[0]
 
 
-def states(raw: Sequence[str]) -> list[str]:
-    names = [s.strip() for v in raw for s in v.split(",") if s.strip()]
-    known = [s.value for s in State]
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise BadRequest(f"state: unknown state {bad[0]!r} (known: {', '.join(known)})")
-    return list(dict.fromkeys(names))
-
-
 def message_filter(params: Params, now: dt.datetime) -> MessageFilter:
     """The filter `params` describe (other parameters are the caller's to check)."""
-
-    def when(name: str) -> dt.datetime | None:
-        raw = _one(params, name)
-        if raw is None:
-            return None
-        try:
-            return parse_moment(raw, now)
-        except ValueError as exc:
-            raise BadRequest(f"{name}: {exc}") from None
-
-    text = {name: _one(params, name) for name in TEXT_FILTERS}
-    return MessageFilter(
-        states=states(params.get("state", ())),
-        exchange=text["exchange"],
-        routing_key=text["routing_key"],
-        key=text["key"],
-        error_contains=text["error_contains"],
-        error_group=text["error_group"],
-        created_since=when("created_since"),
-        created_until=when("created_until"),
-        failed_since=when("failed_since"),
-        failed_until=when("failed_until"),
-    )
+    try:
+        return read_filter(params, now)
+    except FilterError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)

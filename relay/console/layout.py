@@ -1,11 +1,11 @@
 """What every page shares: the frame (head, navigation, who is signed in, the confirmation
-dialog) and how values are written (times, ages, states, shortened text)."""
+dialog) and how ages and states are written (times and other cells as the command line writes
+them: relay/runtime/message_rows.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
 
 from relay.console.html import Html, render
 
@@ -63,13 +63,6 @@ def error_page(status: int, text: str, viewer: Viewer) -> Html:
     )
 
 
-def when(value: Any) -> str:
-    """A time as the pages write it: UTC, to the second."""
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return "-" if value is None else str(value)
-
-
 def ago(value: dt.datetime, now: dt.datetime) -> str:
     seconds = max(0.0, (now - value).total_seconds())
     return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
@@ -77,9 +70,3 @@ def ago(value: dt.datetime, now: dt.datetime) -> str:
 
 def state(name: str) -> Html:
     return render('<span class="state state-$name">$name</span>', name=name)
-
-
-def short(text: Any, width: int = 90) -> str:
-    """One line of at most `width` characters (a table cell)."""
-    s = "-" if text is None else " ".join(str(text).split())
-    return s if len(s) <= width else s[: width - 1] + "…"

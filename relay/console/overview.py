@@ -12,9 +12,10 @@ from outbox.states import State
 from relay.console.charts import Series, line_chart
 from relay.console.filters import link
 from relay.console.html import Html, join, render
-from relay.console.layout import Viewer, ago, page, short, state, when
+from relay.console.layout import Viewer, ago, page, state
 from relay.console.monitor import WINDOW, Snapshot
 from relay.console.present import resource
+from relay.runtime.message_rows import short, when
 
 LIVE = 5  # seconds between refreshes of the page
 MINUTE = dt.timedelta(minutes=1)

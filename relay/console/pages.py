@@ -13,10 +13,12 @@ from relay.console import present
 from relay.console.actions import ACTIONS
 from relay.console.filters import Params, describe, link
 from relay.console.html import Html, join, render
-from relay.console.layout import Viewer, page, short, state, when
+from relay.console.layout import Viewer, page, state
+from relay.runtime.message_rows import message_cells, short, when
 from relay.store.admin import Page
 
 LIVE_MESSAGE = 2  # seconds between refreshes of a message's page (watching it go out)
+_WIDTHS = {"last_error": 90}  # a listed message's columns shortened to one line
 
 
 # --------------------------------------------------------------------------- messages
@@ -28,26 +30,7 @@ def messages(
     groups: Sequence[Mapping[str, Any]] | None,
     viewer: Viewer,
 ) -> Html:
-    rows = [
-        render(
-            '<tr><td><input type="checkbox" class="pick" value="$id" aria-label="select"></td>'
-            '<td><a class="id" href="/messages/$id">$id</a></td><td>$state</td>'
-            '<td class="num">$attempts</td><td>$exchange</td><td>$routing_key</td><td>$key</td>'
-            '<td class="num">$priority</td><td>$created</td><td>$due</td>'
-            '<td class="error">$error</td></tr>',
-            id=r["id"],
-            state=state(r["state"]),
-            attempts=r["attempts"],
-            exchange=r["exchange"],
-            routing_key=r["routing_key"],
-            key=r["key"],
-            priority=r["priority"],
-            created=when(r["created_at"]),
-            due=when(r["available_at"]),
-            error=short(r["last_error"]),
-        )
-        for r in result.rows
-    ]
+    rows = [_row(message_cells(r, _WIDTHS)) for r in result.rows]
     table = (
         render(
             '<table id="messages"><tr><th><input type="checkbox" id="pick-all" '
@@ -80,6 +63,17 @@ def messages(
         groups=_groups(params, groups, viewer),
     )
     return page("Messages", body, viewer)
+
+
+def _row(cells: Mapping[str, str]) -> Html:
+    return render(
+        '<tr><td><input type="checkbox" class="pick" value="$id" aria-label="select"></td>'
+        '<td><a class="id" href="/messages/$id">$id</a></td><td>$state</td>'
+        '<td class="num">$attempts</td><td>$exchange</td><td>$routing_key</td><td>$key</td>'
+        '<td class="num">$priority</td><td>$created</td><td>$due</td>'
+        '<td class="error">$last_error</td></tr>',
+        **{**cells, "state": state(cells["state"])},  # the state as its badge
+    )
 
 
 def _filter_form(params: Params) -> Html:

@@ -1,39 +1,23 @@
-"""Rows as the API returns them (JSON-ready), and a payload as a person reads it: pretty JSON,
-text, or a hex dump of bytes."""
+"""Rows as the API returns them (JSON-ready, as `--json` writes them:
+relay/runtime/message_rows.py), and a payload as a person reads it: pretty JSON, text, or a hex
+dump of bytes."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from relay.ports import ResourceRow
+from relay.runtime.message_rows import jsonable
 
 # The most of a payload a page or the API shows (the rest is counted, not sent).
 SHOWN_BYTES = 64 * 1024
 HEX_ROW = 16
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
-
-
-def jsonable(value: Any) -> Any:
-    """`value` with times as ISO 8601 UTC, ids as text, bytes left out; for json.dumps."""
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.UTC).isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, bytes | memoryview):
-        return None
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return str(value)  # a hand-corrupted row may hold anything
 
 
 @dataclass(frozen=True, slots=True)
