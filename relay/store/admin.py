@@ -5,6 +5,11 @@ Written with SQLAlchemy Core on the `outbox.schema` tables, so one definition se
 database (the one raw statement, the unpark sweep, is the dialect's); values are always bound.
 Every state change names the states it may leave, so a command racing a relay either wins cleanly
 or changes nothing.
+
+It is longer than the project's 500 lines because it is one interface: the command line's
+operator commands and the console each call both its reads (list, page, show, groups, counts) and
+its changes, all through MessageFilter.where and one guarded `_transition`; split into reads and
+changes, each caller would import both halves and each half would need the other's filter.
 """
 
 from __future__ import annotations
