@@ -7,7 +7,9 @@ is, is in common.sql; nothing here is a value: every value is bound.
 from __future__ import annotations
 
 import string
+import uuid
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from relay.core import suspects
 from relay.store import queries
@@ -80,6 +82,21 @@ def reason_sql(template: str, **fields: str) -> str:
         if name is not None:
             parts.append(fields[name])
     return " || ".join(parts)
+
+
+def reclaim_attempt(
+    message_id: uuid.UUID, record: suspects.Record, params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The binds of a dialect's RECORD_ATTEMPT for a row taken back (MySQL, SQLite)."""
+    return {
+        **params,
+        "message_id": message_id,
+        "attempt": record.attempt,
+        "failure_class": "ambiguous",
+        "outcome": record.outcome,
+        "error": record.error,
+        "next_at": record.next_attempt_at,
+    }
 
 
 # ------------------------------------------------------------------------ resources

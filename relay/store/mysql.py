@@ -24,15 +24,17 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import takewhile
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, Integer, String
+from sqlalchemy import BigInteger, Connection, Integer
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.types import TypeEngine
 
 from outbox.dberrors import DbFailure, classify_db_error, sqlstate_of
 from outbox.schema import UUID
+from relay.core import suspects
 from relay.store import common
 from relay.store.dialect import (
     CLAIMED_COLUMNS,
@@ -265,48 +267,32 @@ INSERT INTO outbox_attempt
 VALUES (:message_id, :attempt, {NOW}, :relay_id, :failure_class, :outcome, :error, :next_at)
 """  # noqa: S608
 
-# Expired leases: see postgres._RECLAIM (who is charged, suspects). The rows, locked (SKIP
-# LOCKED: two relays reclaiming at once take disjoint rows), then one UPDATE of them all, then
-# their new values read back for the attempt records. {where} and {error} as there.
-_RECLAIMABLE = """
-SELECT seq FROM outbox_message
-WHERE state = 'in_flight' AND {where}
+# Taking leases back (relay/core/suspects.py decides what becomes of each row; postgres._RECLAIM
+# says when). The rows, locked (SKIP LOCKED: two relays reclaiming at once take disjoint rows),
+# with what the decision reads and the server's time, which the rest of the transaction binds as
+# :now; then RECLAIM once per distinct change, and one RECORD_ATTEMPT for them all. {where}
+# picks the rows: an expired lease, one token's (abandon), an earlier run's, dead relays'.
+_RECLAIMABLE = f"""
+SELECT seq, id, lease_owner, last_error, attempts, max_attempts, {NOW} AS now
+FROM outbox_message
+WHERE state = 'in_flight' AND {{where}}
 FOR UPDATE SKIP LOCKED
-"""
-_ALONE = "last_error = :alone"
-_DIES = f"{_ALONE} AND attempts >= coalesce(max_attempts, :max_attempts)"
-_RECLAIM = f"""
-UPDATE outbox_message
-SET state = CASE WHEN {_DIES} THEN 'dead' ELSE 'pending' END,
-    attempts = CASE WHEN {_ALONE} THEN attempts ELSE greatest(attempts - 1, 0) END,
-    last_error = CASE WHEN {_DIES} THEN {{error}}
-                      WHEN last_error IN (:alone, :grouped) THEN :solitary
-                      ELSE {{error}} END,
-    last_failed_at = {NOW},
-    lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
-WHERE seq IN :seqs
 """  # noqa: S608 - constants; every value is bound
-# MySQL assigns SET's columns left to right, each seeing the ones before: state, attempts and
-# last_error read last_error and attempts as they were (attempts of a row alone stay as they
-# were), lease_owner is cleared after. Who was alone, and the reason recorded, are read first.
-_BEFORE = f"""
-SELECT seq, {_ALONE} AS alone, {{error}} AS error FROM outbox_message WHERE seq IN :seqs
-"""  # noqa: S608
-RECLAIMED = """
-SELECT seq, id, attempts, state, last_failed_at FROM outbox_message
-WHERE seq IN :seqs
-"""
+RECLAIMABLE_COLUMNS: Mapping[str, TypeEngine[Any]] = {
+    "seq": BigInteger(),
+    "id": UUID,
+    "attempts": Integer(),
+    "max_attempts": Integer(),
+    "now": TIME,
+}
+# Only rows the read above locked, still in flight.
+RECLAIM = f"""
+UPDATE outbox_message
+SET state = :state, attempts = :attempts, last_error = :last_error, last_failed_at = {NOW},
+    lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
+WHERE seq IN :seqs AND state = 'in_flight'
+"""  # noqa: S608 - a time expression constant; every value is bound
 _EXPIRED = f"lease_expires_at < {NOW}"
-_EXPIRED_ERROR = (
-    "CONCAT('lease held by ', coalesce(lease_owner, '?'), ' expired before it settled')"
-)
-_OWNER_ERROR = (
-    "CONCAT('lease held by an earlier run of ', :relay_id, ', which stopped before it settled')"
-)
-_DEAD_ERROR = (
-    "CONCAT('relay ', coalesce(lease_owner, '?'), ' stopped beating (no heartbeat for ', "
-    ":dead_after, ' s) before it settled')"
-)
 # See postgres.RECLAIM_DEAD: the dead relays are read, locked and deleted first, in the same
 # transaction.
 DEAD_RELAYS = f"""
@@ -486,29 +472,14 @@ class Mysql(Dialect):
         self._settle_one = sql(SETTLE_ONE)
         self._record_attempt = sql(RECORD_ATTEMPT)
 
-        def reclaim(where: str, error: str) -> tuple[Any, Any, Any]:
-            # the rows, locked; who was alone and why; the change
-            return (
-                sql(_RECLAIMABLE.format(where=where)),
-                sql(_BEFORE.format(error=error)),
-                sql(_RECLAIM.format(error=error)),
-            )
+        def reclaimable(where: str) -> Compiled:
+            return compile_sql(_RECLAIMABLE.format(where=where), RECLAIMABLE_COLUMNS, lists=LISTS)
 
-        self._reclaim = reclaim(_EXPIRED, _EXPIRED_ERROR)
-        self._abandon = reclaim("lease_token = :token", ":error")
-        self._reclaim_owner = reclaim("lease_owner = :relay_id", _OWNER_ERROR)
-        self._reclaim_dead = reclaim("lease_owner IN :relays", _DEAD_ERROR)
-        self._reclaimable, self._abandonable = self._reclaim[0], self._abandon[0]
-        self._reclaimed = sql(
-            RECLAIMED,
-            {
-                "seq": BigInteger(),
-                "id": UUID,
-                "attempts": Integer(),
-                "state": String(),
-                "last_failed_at": TIME,
-            },
-        )
+        self._reclaimable = reclaimable(_EXPIRED)
+        self._abandonable = reclaimable("lease_token = :token")
+        self._owned = reclaimable("lease_owner = :relay_id")
+        self._of_dead = reclaimable("lease_owner IN :relays")
+        self._reclaim = sql(RECLAIM)
         self._dead_relays = sql(DEAD_RELAYS)
         self._forget_relays = sql(FORGET_RELAYS)
         self._register = sql(REGISTER_RELAY)
@@ -567,26 +538,26 @@ class Mysql(Dialect):
             candidates = conn.execute(self._candidates, params).all()
             keyed = [seq for seq, key, _, _ in candidates if key is not None]
             heads = set(conn.execute(self._heads, {"seqs": keyed}).scalars()) if keyed else set()
-            ready = [(seq, key, sus, alone) for seq, key, sus, alone in candidates
-                     if key is None or seq in heads]  # fmt: skip
+            ready = [
+                suspects.Candidate(seq, key, bool(suspect), bool(solitary))
+                for seq, key, suspect, solitary in candidates
+                if key is None or seq in heads
+            ]
             best = ready[: params["limit"]]  # still in claim order
-            # A solitary suspect among them is claimed alone, else the suspects together, at
-            # most :group of them (common.GROUPED, SOLITARY, ALONE).
-            solitary = [seq for seq, _, _, alone in best if alone][:1]
-            suspects = [seq for seq, _, suspect, _ in best if suspect][: params["group"]]
-            chosen = solitary or suspects or [seq for seq, _, _, _ in best]
-            # Runs follow heads only when no suspect is claimed: best is then the claim.
-            keyed_heads = [(seq, key) for seq, key, _, _ in best if key is not None]
-            run = [] if suspects else self._runs(conn, params, keyed_heads)
+            # A solitary suspect alone, else suspects only, else all; runs follow heads only
+            # when no suspect is claimed (relay/core/suspects.py).
+            choice = suspects.choose(best, group=params["group"])
+            run = self._runs(
+                conn, params, [(c.seq, c.key) for c in choice.heads if c.key is not None]
+            )
             in_run = set(run)
             parked = [seq for seq in keyed if seq not in heads and seq not in in_run]
             if parked:
                 conn.execute(self._park, {"seqs": parked})
-            if not chosen:
+            if not choice.chosen:
                 return []
-            stamp = params["alone"] if solitary else params["grouped"]
-            seqs = [*chosen, *run]
-            claim = {**params, "seqs": seqs, "suspect": bool(suspects), "stamp": stamp}
+            seqs = [*choice.seqs, *run]
+            claim = {**params, "seqs": seqs, "suspect": choice.suspects, "stamp": choice.stamp}
             conn.execute(self._claim, claim)
             return conn.execute(self._claimed, claim).all()
 
@@ -693,15 +664,17 @@ class Mysql(Dialect):
 
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
-            return self._reclaim_rows(conn, params, self._reclaim)
+            return self._reclaim_rows(conn, params, self._reclaimable, suspects.expired)
 
     def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
-            return self._reclaim_rows(conn, params, self._abandon)
+            error = params["error"]
+            return self._reclaim_rows(conn, params, self._abandonable, lambda _: error)
 
     def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
-            return self._reclaim_rows(conn, params, self._reclaim_owner)
+            why = suspects.earlier_run(params["relay_id"])
+            return self._reclaim_rows(conn, params, self._owned, lambda _: why)
 
     def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
         with self.transaction(conn):
@@ -710,21 +683,38 @@ class Mysql(Dialect):
             if not dead:
                 return [], 0
             conn.execute(self._forget_relays, {"relays": dead})
-            return dead, self._reclaim_rows(conn, {**p, "relays": dead}, self._reclaim_dead)
+
+            def why(owner: str | None) -> str:
+                return suspects.dead_relay(owner, params["dead_after"])
+
+            return dead, self._reclaim_rows(conn, {**p, "relays": dead}, self._of_dead, why)
 
     def _reclaim_rows(
-        self, conn: Connection, params: dict[str, Any], statements: tuple[Any, Any, Any]
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        pick: Compiled,
+        why: Callable[[str | None], str],
     ) -> int:
-        """Inside the caller's transaction."""
-        pick, before, change = statements
-        seqs = list(conn.execute(pick, params).scalars())
-        if not seqs:
+        """Inside the caller's transaction: the rows `pick` locks, taken back as the core says,
+        `why` giving the reason from a row's lease owner."""
+        rows = conn.execute(pick, params).all()
+        if not rows:
             return 0
-        p = {**params, "seqs": seqs}
-        told = {seq: (alone, error) for seq, alone, error in conn.execute(before, p)}
-        conn.execute(change, p)
-        rows = conn.execute(self._reclaimed, p).all()
-        records = [_reclaim_attempt(r, *told[r.seq], p) for r in rows]
+        p = {**params, "now": rows[0].now}  # the server's time, once for the whole change
+        reclaimed = {
+            r.seq: suspects.reclaim(
+                suspects.Leased(r.seq, r.last_error, r.attempts, r.max_attempts),
+                reason=why(r.lease_owner),
+                max_attempts=params["max_attempts"],
+                now=r.now,
+            )
+            for r in rows
+        }
+        for (state, attempts, last_error), seqs in suspects.by_change(reclaimed.values()).items():
+            change = {"state": state, "attempts": attempts, "last_error": last_error}
+            conn.execute(self._reclaim, {**p, **change, "seqs": seqs})
+        records = [common.reclaim_attempt(r.id, reclaimed[r.seq].record, p) for r in rows]
         conn.execute(self._record_attempt, records)
         return len(rows)
 
@@ -765,17 +755,3 @@ def _wanted(lines: Sequence[Sequence[tuple[int, bool]]], follow: int) -> list[li
         wanted.append(ready[: max(0, follow - before)])
         before += len(line)
     return wanted
-
-
-def _reclaim_attempt(r: Any, alone: bool, error: str, p: Mapping[str, Any]) -> dict[str, Any]:
-    """The attempt record of a reclaimed row (see postgres._RECLAIM)."""
-    dead = r.state == "dead"
-    return {
-        **p,
-        "message_id": r.id,
-        "attempt": r.attempts if alone else r.attempts + 1,
-        "failure_class": "ambiguous",
-        "outcome": "dead" if dead else "retry" if alone else "deferred",
-        "error": error,
-        "next_at": None if dead else r.last_failed_at,
-    }

@@ -16,13 +16,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Integer, String, Uuid
+from sqlalchemy import Connection, Integer, Uuid
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.types import TypeEngine
 
+from relay.core import suspects
 from relay.store import common
 from relay.store.dialect import (
     CLAIMED_COLUMNS,
@@ -225,40 +226,25 @@ INSERT INTO outbox_attempt
 VALUES (:message_id, :attempt, :now, :relay_id, :failure_class, :outcome, :error, :next_at)
 """
 
-# Expired leases: see postgres._RECLAIM (who is charged, suspects). RETURNING sees the new values
-# only, so whether each row was claimed alone, and the reason recorded, are read first
-# (_RECLAIMABLE, in the same transaction); the rows come back for RECORD_ATTEMPT. {where} and
-# {error} as there; SET reads the old values, lease_owner among them.
+# Taking leases back (relay/core/suspects.py decides what becomes of each row; postgres._RECLAIM
+# says when): the rows, with what the decision reads, then RECLAIM once per distinct change and
+# RECORD_ATTEMPT for them all, under the write lock the transaction holds. {where} picks the
+# rows: an expired lease, one token's (abandon), an earlier run's, dead relays'.
 _RECLAIMABLE = """
-SELECT seq, last_error = :alone AS alone, {error} AS error
+SELECT seq, id, lease_owner, last_error, attempts, max_attempts
 FROM outbox_message WHERE state = 'in_flight' AND {where}
 """
-_RECLAIM = """
+# Only rows the read above found, still in flight.
+RECLAIM = """
 UPDATE outbox_message
-SET state = CASE WHEN last_error = :alone AND attempts >= coalesce(max_attempts, :max_attempts)
-                 THEN 'dead' ELSE 'pending' END,
-    attempts = CASE WHEN last_error = :alone THEN attempts ELSE max(attempts - 1, 0) END,
-    last_error = CASE WHEN last_error = :alone
-                           AND attempts >= coalesce(max_attempts, :max_attempts) THEN {error}
-                      WHEN last_error IN (:alone, :grouped) THEN :solitary
-                      ELSE {error} END,
-    last_failed_at = :now,
-    lease_owner = NULL, lease_token = NULL
-WHERE state = 'in_flight' AND {where}
-RETURNING seq, id, attempts, state
+SET state = :state, attempts = :attempts, last_error = :last_error, last_failed_at = :now,
+    lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
+WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'in_flight'
 """
 _EXPIRED = "lease_expires_at < :now"
-_EXPIRED_ERROR = "'lease held by ' || coalesce(lease_owner, '?') || ' expired before it settled'"
 _OWNER = "lease_owner = :relay_id"
-_OWNER_ERROR = (
-    "'lease held by an earlier run of ' || :relay_id || ', which stopped before it settled'"
-)
 # See postgres.RECLAIM_DEAD: the dead relays are read and deleted first, in the same transaction.
 _DEAD = "lease_owner IN (SELECT value FROM json_each(:relays))"
-_DEAD_ERROR = (
-    "'relay ' || coalesce(lease_owner, '?') || ' stopped beating (no heartbeat for '"
-    " || :dead_after || ' s) before it settled'"
-)
 DEAD_RELAYS = f"""
 SELECT relay_id FROM outbox_relay
 WHERE last_seen < strftime({_FORMAT}, :now, printf('-%.6f seconds', :dead_after))
@@ -384,23 +370,19 @@ class Sqlite(Dialect):
         )
         self._settle_one = compile_sql(SETTLE_ONE, {"id": Uuid(), "attempt": Integer()})
         self._record_attempt = compile_sql(RECORD_ATTEMPT)
-        reclaimed: dict[str, TypeEngine[Any]] = {
+        reclaimable: dict[str, TypeEngine[Any]] = {
             "seq": Integer(),
             "id": Uuid(),
             "attempts": Integer(),
-            "state": String(),
+            "max_attempts": Integer(),
         }
-
-        def reclaim(where: str, error: str) -> tuple[Compiled, Compiled]:
-            return (
-                compile_sql(_RECLAIMABLE.format(where=where, error=error)),
-                compile_sql(_RECLAIM.format(where=where, error=error), reclaimed),
-            )
-
-        self._reclaim = reclaim(_EXPIRED, _EXPIRED_ERROR)
-        self._abandon = reclaim("lease_token = :token", ":error")
-        self._reclaim_owner = reclaim(_OWNER, _OWNER_ERROR)
-        self._reclaim_dead = reclaim(_DEAD, _DEAD_ERROR)
+        self._reclaimable = compile_sql(_RECLAIMABLE.format(where=_EXPIRED), reclaimable)
+        self._abandonable = compile_sql(
+            _RECLAIMABLE.format(where="lease_token = :token"), reclaimable
+        )
+        self._owned = compile_sql(_RECLAIMABLE.format(where=_OWNER), reclaimable)
+        self._of_dead = compile_sql(_RECLAIMABLE.format(where=_DEAD), reclaimable)
+        self._reclaim = compile_sql(RECLAIM)
         self._dead_relays = compile_sql(DEAD_RELAYS)
         self._forget_relays = compile_sql(FORGET_RELAYS)
         self._register = compile_sql(REGISTER_RELAY, {"started_at": TIME})
@@ -443,6 +425,7 @@ class Sqlite(Dialect):
     def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         with self.transaction(conn):
             p = {**params, "now": self._now(conn, params)}
+            # (seq, priority, available_at, suspect, solitary, key)
             candidates = [tuple(r) for r in conn.execute(self._select_unkeyed, p)]
             parked: list[int] = []
             for *candidate, head in conn.execute(self._select_keyed, p):
@@ -452,14 +435,14 @@ class Sqlite(Dialect):
                     parked.append(candidate[0])
             # available_at is the stored text here, which sorts as time does.
             candidates.sort(key=lambda c: (-c[1], str(c[2]), c[0]))
-            best = candidates[: params["limit"]]
-            # A solitary suspect among them is claimed alone, else the suspects together, at most
-            # :group of them (common.GROUPED, SOLITARY, ALONE).
-            solitary = [c for c in best if c[4]][:1]
-            suspects = [c for c in best if c[3]][: params["group"]]
-            chosen = solitary or suspects or best
-            heads = [c[0] for c in chosen if c[5] is not None]  # keyed: a run may follow
-            run = [] if suspects else self._runs(conn, p, heads)
+            best = [
+                suspects.Candidate(seq, key, bool(suspect), bool(solitary))
+                for seq, _, _, suspect, solitary, key in candidates[: params["limit"]]
+            ]
+            # A solitary suspect alone, else suspects only, else all; runs follow heads only
+            # when no suspect is claimed (relay/core/suspects.py).
+            choice = suspects.choose(best, group=params["group"])
+            run = self._runs(conn, p, [c.seq for c in choice.heads])
             in_run = set(run)
             parked = [seq for seq in parked if seq not in in_run]
             if parked:
@@ -468,9 +451,9 @@ class Sqlite(Dialect):
                 self._claim,
                 {
                     **p,
-                    "seqs": self.bind_list([*(c[0] for c in chosen), *run]),
-                    "suspect": bool(suspects),
-                    "stamp": params["alone"] if solitary else params["grouped"],
+                    "seqs": self.bind_list([*choice.seqs, *run]),
+                    "suspect": choice.suspects,
+                    "stamp": choice.stamp,
                 },
             ).all()
 
@@ -531,15 +514,17 @@ class Sqlite(Dialect):
 
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
-            return self._reclaim_rows(conn, params, *self._reclaim)
+            return self._reclaim_rows(conn, params, self._reclaimable, suspects.expired)
 
     def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
-            return self._reclaim_rows(conn, params, *self._abandon)
+            error = params["error"]
+            return self._reclaim_rows(conn, params, self._abandonable, lambda _: error)
 
     def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
-            return self._reclaim_rows(conn, params, *self._reclaim_owner)
+            why = suspects.earlier_run(params["relay_id"])
+            return self._reclaim_rows(conn, params, self._owned, lambda _: why)
 
     def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
         with self.transaction(conn):
@@ -549,17 +534,40 @@ class Sqlite(Dialect):
                 return [], 0
             relays = self.bind_list(dead)
             conn.execute(self._forget_relays, {"relays": relays})
-            return dead, self._reclaim_rows(conn, {**p, "relays": relays}, *self._reclaim_dead)
+
+            def why(owner: str | None) -> str:
+                return suspects.dead_relay(owner, params["dead_after"])
+
+            return dead, self._reclaim_rows(conn, {**p, "relays": relays}, self._of_dead, why)
 
     def _reclaim_rows(
-        self, conn: Connection, params: dict[str, Any], before: Compiled, reclaim: Compiled
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        pick: Compiled,
+        why: Callable[[str | None], str],
     ) -> int:
-        """_RECLAIMABLE then _RECLAIM, inside the caller's transaction."""
-        p = {**params, "now": self._now(conn, params)}
-        told = {seq: (alone, error) for seq, alone, error in conn.execute(before, p)}
-        rows = conn.execute(reclaim, p).all()
-        if rows:
-            conn.execute(self._record_attempt, [_reclaim_attempt(r, *told[r.seq], p) for r in rows])
+        """Inside the caller's transaction: the rows `pick` finds, taken back as the core says,
+        `why` giving the reason from a row's lease owner."""
+        now = self._now(conn, params)
+        p = {**params, "now": now}
+        rows = conn.execute(pick, p).all()
+        if not rows:
+            return 0
+        reclaimed = {
+            r.seq: suspects.reclaim(
+                suspects.Leased(r.seq, r.last_error, r.attempts, r.max_attempts),
+                reason=why(r.lease_owner),
+                max_attempts=params["max_attempts"],
+                now=now,
+            )
+            for r in rows
+        }
+        for (state, attempts, last_error), seqs in suspects.by_change(reclaimed.values()).items():
+            change = {"state": state, "attempts": attempts, "last_error": last_error}
+            conn.execute(self._reclaim, {**p, **change, "seqs": self.bind_list(seqs)})
+        records = [common.reclaim_attempt(r.id, reclaimed[r.seq].record, p) for r in rows]
+        conn.execute(self._record_attempt, records)
         return len(rows)
 
     def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
@@ -575,17 +583,3 @@ class Sqlite(Dialect):
             if ids:
                 conn.execute(self._purge_attempts, {"ids": self.bind_list(ids)})
         return len(ids), uuid.UUID(max(ids)) if ids else None
-
-
-def _reclaim_attempt(r: Any, alone: bool, error: str, p: Mapping[str, Any]) -> dict[str, Any]:
-    """The attempt record of a reclaimed row (see postgres._RECLAIM)."""
-    dead = r.state == "dead"
-    return {
-        **p,
-        "message_id": r.id,
-        "attempt": r.attempts if alone else r.attempts + 1,
-        "failure_class": "ambiguous",
-        "outcome": "dead" if dead else "retry" if alone else "deferred",
-        "error": error,
-        "next_at": None if dead else p["now"],
-    }

@@ -1,0 +1,351 @@
+"""Each database's statements do what relay/core/suspects.py decides, row by row.
+
+PostgreSQL claims and takes leases back in single statements of its own SQL (one round trip
+each); MySQL and SQLite call the core and apply its results. Generated rows (random stamps,
+attempts, max_attempts, owners, keys, priorities) are written on a real schema, the store's
+claim, release, reclaim_expired, abandon, reclaim_owner and reclaim_dead run on them with a
+frozen clock, and every row, with its attempt record, must be what the core says.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine, delete, insert, select
+
+from outbox.schema import attempt, message, relay_instance
+from relay.core import suspects
+from relay.core.suspects import ALONE, GROUPED, SOLITARY, Candidate, Leased
+from relay.store.sql_store import SqlStore, open_store
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+EXAMPLES = settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+STAMPS = [None, ALONE, GROUPED, SOLITARY, "a nack"]
+OWNERS = ["r1", "r2"]
+TOKENS = {owner: uuid.uuid4() for owner in OWNERS}
+ME = "me"
+
+
+@pytest.fixture
+def frozen(app_engine: Engine, db_url: str) -> Iterator[tuple[Engine, SqlStore, list[dt.datetime]]]:
+    """The application's engine and a store whose clock reads the last time in the list."""
+    times = [dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)]
+    store = open_store(db_url, clock=lambda: times[-1])
+    yield app_engine, store, times
+    store.close()
+
+
+def utc(value: dt.datetime | None) -> dt.datetime | None:
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=dt.UTC)
+
+
+def fresh(engine: Engine) -> None:
+    with engine.begin() as conn:
+        for table in (attempt, message, relay_instance):
+            conn.execute(delete(table))
+
+
+def put(engine: Engine, rows: Sequence[dict[str, Any]], now: dt.datetime) -> list[int]:
+    """Write these rows (columns of outbox_message beyond the required ones); their seqs."""
+    ids = [uuid.uuid4() for _ in rows]
+    values = [
+        {
+            "id": message_id,
+            "exchange": "ex",
+            "routing_key": "rk",
+            "payload": b"{}",
+            "content_type": "application/json",
+            "created_at": now - dt.timedelta(hours=1),
+            "available_at": now - dt.timedelta(minutes=5),
+            **row,
+        }
+        for message_id, row in zip(ids, rows, strict=True)
+    ]
+    with engine.begin() as conn:
+        for value in values:  # one by one: seqs in this order
+            conn.execute(insert(message).values(**value))
+        found = {i: seq for i, seq in conn.execute(select(message.c.id, message.c.seq))}
+    return [found[i] for i in ids]
+
+
+def read(engine: Engine) -> dict[int, Any]:
+    with engine.connect() as conn:
+        return {r.seq: r for r in conn.execute(select(message))}
+
+
+def records(engine: Engine) -> dict[uuid.UUID, list[Any]]:
+    found: dict[uuid.UUID, list[Any]] = {}
+    with engine.connect() as conn:
+        for r in conn.execute(select(attempt).order_by(attempt.c.id)):
+            found.setdefault(r.message_id, []).append(r)
+    return found
+
+
+# ------------------------------------------------------------------------ taking leases back
+
+
+@dataclass(frozen=True)
+class InFlight:
+    owner: str
+    stamp: str | None
+    attempts: int
+    max_attempts: int | None
+    expired: bool
+
+
+in_flight = st.builds(
+    InFlight,
+    owner=st.sampled_from(OWNERS),
+    stamp=st.sampled_from(STAMPS),
+    attempts=st.integers(0, 4),
+    max_attempts=st.none() | st.integers(1, 4),
+    expired=st.booleans(),
+)
+
+
+@EXAMPLES
+@given(
+    rows=st.lists(in_flight, min_size=1, max_size=8),
+    how=st.sampled_from(["expired", "abandon", "owner", "dead"]),
+    default=st.integers(1, 4),
+    dead_after=st.sampled_from([3.0, 0.5, 2.25, 15]),
+)
+def test_a_lease_taken_back_is_what_the_core_says(
+    frozen: tuple[Engine, SqlStore, list[dt.datetime]],
+    rows: list[InFlight],
+    how: str,
+    default: int,
+    dead_after: float,
+) -> None:
+    engine, store, times = frozen
+    fresh(engine)
+    now = times[-1]
+    lease_ends = {True: now - dt.timedelta(minutes=1), False: now + dt.timedelta(minutes=1)}
+    seqs = put(
+        engine,
+        [
+            {
+                "state": "in_flight",
+                "lease_owner": r.owner,
+                "lease_token": TOKENS[r.owner],
+                "lease_expires_at": lease_ends[r.expired],
+                "last_error": r.stamp,
+                "attempts": r.attempts,
+                "max_attempts": r.max_attempts,
+            }
+            for r in rows
+        ],
+        now,
+    )
+    before = read(engine)
+    if how == "expired":
+        taken = store.reclaim_expired(relay_id=ME, max_attempts=default)
+        picked = [r.expired for r in rows]
+    elif how == "abandon":
+        taken = store.abandon(TOKENS["r1"], error="crashed", relay_id=ME, max_attempts=default)
+        picked = [r.owner == "r1" for r in rows]
+    elif how == "owner":
+        taken = store.reclaim_owner("r1", max_attempts=default)
+        picked = [r.owner == "r1" for r in rows]
+    else:
+        with engine.begin() as conn:
+            long_ago = now - dt.timedelta(seconds=dead_after + 10)
+            conn.execute(
+                insert(relay_instance),
+                [
+                    {"relay_id": "r1", "started_at": long_ago, "last_seen": long_ago},
+                    {"relay_id": "r2", "started_at": now, "last_seen": now},
+                ],
+            )
+        dead, taken = store.reclaim_dead(relay_id=ME, dead_after=dead_after, max_attempts=default)
+        assert dead == ["r1"]
+        picked = [r.owner == "r1" for r in rows]
+
+    reasons: dict[str, Callable[[str | None], str]] = {
+        "expired": suspects.expired,
+        "abandon": lambda _: "crashed",
+        "owner": lambda _: suspects.earlier_run("r1"),
+        "dead": lambda owner: suspects.dead_relay(owner, dead_after),
+    }
+    assert taken == sum(picked)
+    after = read(engine)
+    history = records(engine)
+    for seq, r, was_picked in zip(seqs, rows, picked, strict=True):
+        old, new = before[seq], after[seq]
+        if not was_picked:
+            assert tuple(new) == tuple(old)
+            assert old.id not in history
+            continue
+        want = suspects.reclaim(
+            Leased(seq, r.stamp, r.attempts, r.max_attempts),
+            reason=reasons[how](r.owner),
+            max_attempts=default,
+            now=now,
+        )
+        assert (new.state, new.attempts, new.last_error) == want.change, r
+        assert (new.lease_owner, new.lease_token) == (None, None)
+        assert utc(new.lease_expires_at) == utc(old.lease_expires_at)  # the suspect's mark
+        assert utc(new.last_failed_at) == now
+        assert utc(new.available_at) == utc(old.available_at)
+        (record,) = history[old.id]
+        recorder = "r1" if how == "owner" else ME  # reclaim_owner: the relay id restarting
+        assert (record.failure_class, record.relay_id, utc(record.at)) == (
+            "ambiguous",
+            recorder,
+            now,
+        )
+        assert (record.attempt, record.outcome, record.error) == (
+            want.record.attempt,
+            want.record.outcome,
+            want.record.error,
+        ), r
+        assert utc(record.next_attempt_at) == want.record.next_attempt_at
+
+
+# ------------------------------------------------------------------------ giving rows back
+
+
+@EXAMPLES
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from(STAMPS), st.integers(0, 4), st.booleans()),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_a_row_given_back_is_what_the_core_says(
+    frozen: tuple[Engine, SqlStore, list[dt.datetime]],
+    rows: list[tuple[str | None, int, bool]],
+) -> None:
+    engine, store, times = frozen
+    fresh(engine)
+    now = times[-1]
+    token = TOKENS["r1"]
+    seqs = put(
+        engine,
+        [
+            {
+                "state": "in_flight",
+                "lease_owner": "r1",
+                "lease_token": token,
+                "lease_expires_at": now + dt.timedelta(minutes=1),
+                "last_error": stamp,
+                "attempts": attempts,
+            }
+            for stamp, attempts, _ in rows
+        ],
+        now,
+    )
+    given_back = [seq for seq, (_, _, back) in zip(seqs, rows, strict=True) if back]
+    before = read(engine)
+    assert store.release(token, given_back, delay_seconds=0, error="stopping") == len(given_back)
+    after = read(engine)
+    for seq, (stamp, attempts, back) in zip(seqs, rows, strict=True):
+        old, new = before[seq], after[seq]
+        if not back:
+            assert tuple(new) == tuple(old)
+            continue
+        want = suspects.release(Leased(seq, stamp, attempts, None), error="stopping")
+        assert (new.state, new.attempts, new.last_error) == (
+            "pending",
+            want.attempts,
+            want.last_error,
+        ), stamp
+        assert utc(new.lease_expires_at) == (now if want.suspect else None)
+        assert (new.lease_owner, new.lease_token) == (None, None)
+        assert utc(new.available_at) == now
+
+
+# ------------------------------------------------------------------------ claiming
+
+
+@dataclass(frozen=True)
+class Ready:
+    keyed: bool
+    priority: int
+    waited: int  # minutes due
+    suspect: bool
+    stamp: str | None
+
+
+ready_rows = st.builds(
+    Ready,
+    keyed=st.booleans(),
+    priority=st.integers(0, 2),
+    waited=st.integers(1, 3),
+    suspect=st.booleans(),
+    stamp=st.sampled_from(STAMPS),
+)
+
+
+@EXAMPLES
+@given(
+    rows=st.lists(ready_rows, max_size=10),
+    limit=st.integers(1, 6),
+    group=st.integers(1, 4),
+)
+def test_a_claim_takes_what_the_core_chooses(
+    frozen: tuple[Engine, SqlStore, list[dt.datetime]],
+    rows: list[Ready],
+    limit: int,
+    group: int,
+) -> None:
+    engine, store, times = frozen
+    fresh(engine)
+    now = times[-1]
+    # Every key its own, so every keyed row is its key's head: which rows are ready, and in
+    # what order, is the claim's own business (tests/integration/test_ordering.py and others).
+    seqs = put(
+        engine,
+        [
+            {
+                "key": uuid.uuid4().hex if r.keyed else None,
+                "priority": r.priority,
+                "available_at": now - dt.timedelta(minutes=r.waited),
+                "lease_expires_at": now - dt.timedelta(minutes=1) if r.suspect else None,
+                "last_error": r.stamp,
+                "attempts": 1,
+            }
+            for r in rows
+        ],
+        now,
+    )
+    order = sorted(
+        zip(seqs, rows, strict=True), key=lambda sr: (-sr[1].priority, -sr[1].waited, sr[0])
+    )
+    best = [
+        Candidate(seq, "k" if r.keyed else None, r.suspect, r.suspect and r.stamp == SOLITARY)
+        for seq, r in order[:limit]
+    ]
+    choice = suspects.choose(best, group=group)
+    before = read(engine)
+
+    token = uuid.uuid4()
+    claimed = store.claim(
+        owner=ME, token=token, limit=limit, lease_seconds=30, suspect_group=group, run=5
+    )
+
+    assert sorted(c.seq for c in claimed) == sorted(choice.seqs)
+    assert all(c.suspect == choice.suspects for c in claimed)
+    after = read(engine)
+    for seq in seqs:
+        old, new = before[seq], after[seq]
+        if seq not in choice.seqs:
+            assert tuple(new) == tuple(old)
+            continue
+        assert (new.state, new.lease_token, new.attempts) == ("in_flight", token, 2)
+        assert new.last_error == (choice.stamp if choice.suspects else old.last_error)
