@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 
 from relay.core.outcome import HELD_BACK, Fate, Outcome
+from relay.core.suspects import crashed as crash_reason
 from relay.errors import DatabaseUnavailable
 from relay.loop import chains, suspects
 from relay.loop.circuits import ResourceGuard
@@ -385,7 +386,7 @@ class Relay:
                 if suspects.abandon(lease, crashed=self._crashed):
                     counts.released += self.store.abandon(
                         token,
-                        error=f"relay {config.relay_id} crashed before it settled: {why}",
+                        error=crash_reason(config.relay_id, why),
                         relay_id=config.relay_id,
                         max_attempts=config.policy.max_attempts,
                     )
