@@ -130,7 +130,7 @@ def storage_gaps(conn: Connection, tables: frozenset[str]) -> list[Gap]:
 # there, and these two, MySQL's own, take the place of the partial ones on the claim path. The
 # claim reads ready rows in claim order under (state, held): the published rows, however many,
 # are another range. A key's head probe asks for an earlier row of the key in a blocking state
-# (relay/store/common.is_head): (key, state, seq) answers it without reading the key's
+# (relay/store/mysql.py, is_head): (key, state, seq) answers it without reading the key's
 # published rows. DESC needs MySQL 8 or MariaDB 10.8 to be an index order (older MariaDB sorts).
 MYSQL_INDEXES: dict[str, str] = {
     "outbox_message_claim_idx": "CREATE INDEX outbox_message_claim_idx ON outbox_message "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import string
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from relay.core import suspects
@@ -26,40 +26,6 @@ BLOCKING_SKIP = _SQL.text("blocking_skip")
 
 def blocking_states(*, hold: bool) -> str:
     return BLOCKING_HOLD if hold else BLOCKING_SKIP
-
-
-def is_head(row: str, *, blocking: str, unless: str = "") -> str:
-    """True when no earlier message of `row`'s key is in a blocking state: one probe of
-    outbox_message_key_idx. `row` is the alias of the message looked at; `unless`, a condition
-    on `e` that lets an earlier message not count (one being published by the same statement)."""
-    also = f" AND NOT ({unless})" if unless else ""
-    return f"""NOT EXISTS (
-        SELECT 1 FROM outbox_message AS e
-        WHERE e.key = {row}.key AND e.seq < {row}.seq AND e.state IN ({blocking}){also}
-    )"""  # noqa: S608 - an alias and a literal list of this module's
-
-
-# The first parked message of every key is unparked when nothing earlier blocks it any more:
-# heads that were dead-lettered (with dead_key="skip"), cancelled or discarded. Settling a message
-# unparks the next of its key at once (each dialect's mark statement); this sweep catches every
-# other way a key comes free. One probe per key with parked messages: the relay runs it every few
-# seconds as a safety net, an operator command after cancelling or discarding.
-_UNPARK_SWEEP = """
-UPDATE outbox_message SET held = false
-WHERE seq IN (
-    SELECT f.seq FROM (
-        SELECT key, min(seq) AS seq FROM outbox_message
-        WHERE state = 'pending' AND held AND key IS NOT NULL
-        GROUP BY key
-    ) AS f
-    WHERE {head}
-)
-"""
-
-
-def unpark_sweep(*, blocking: str, head: Callable[..., str] = is_head) -> str:
-    """The sweep, with a dialect's own form of `is_head` when it has one."""
-    return _UNPARK_SWEEP.format(head=head("f", blocking=blocking))
 
 
 # ------------------------------------------------------------------------ crash isolation

@@ -204,8 +204,8 @@ class Statements:
         relays: str,
         pending_summary: str,
         count_eligible: str,
+        unpark_sweep: str,
         ensure_resource: str = common.ENSURE_RESOURCE,
-        unpark_sweep: str | None = None,
         lists: Collection[str] = (),
     ) -> Statements:
         """A dialect's own texts compiled, beside the texts every dialect shares (common.py);
@@ -223,7 +223,7 @@ class Statements:
             has_ready=sql(has_ready),
             release=sql(release),
             extend_leases=sql(extend_leases),
-            unpark_sweep=sql(unpark_sweep or common.unpark_sweep(blocking=blocking)),
+            unpark_sweep=sql(unpark_sweep),
             resources=shared(common.LIST_RESOURCES, RESOURCE_COLUMNS),
             ensure_resource=sql(ensure_resource),
             lock_resource=sql(lock_resource, LOCKED_RESOURCE_COLUMNS),
@@ -314,12 +314,17 @@ class Dialect(ABC):
         this dialect's own methods run (kept on self). `blocking` is the literal list of states
         that hold a key back, `resource` the SQL expression of a row's resource part: the
         configuration, {{blocking}} and {{resource}} in the .sql files."""
-        config = {"blocking": blocking, "resource": resource}
+        config = self.configuration(blocking=blocking, resource=resource)
         built = build(self.queries, {**STATEMENTS, **self.statements}, config, self.lists)
         for name, clause in built.items():
             if name not in _FIELDS:
                 setattr(self, name, clause)
         return Statements(**{name: built[name] for name in _FIELDS})
+
+    def configuration(self, *, blocking: str, resource: str) -> dict[str, str]:
+        """What the placeholders of this store's configuration take: {{blocking}} and
+        {{resource}}, and any a dialect adds."""
+        return {"blocking": blocking, "resource": resource}
 
     @classmethod
     @abstractmethod

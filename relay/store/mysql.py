@@ -67,10 +67,11 @@ RESOURCE_PARTS: Mapping[str, str] = {
 
 
 def is_head(row: str, *, blocking: str) -> str:
-    """common.is_head in the form MySQL runs in constant time: per blocking state, the key's
-    first row in that state (one probe of outbox_message_key_state_idx, read in seq order and
-    stopped at once), earlier than `row` or not. As one NOT EXISTS over the states, MySQL and
-    MariaDB read every row of the key, published ones included."""
+    """The head check (postgres.sql's claim) in the form MySQL runs in constant time: per
+    blocking state, the key's first row in that state (one probe of
+    outbox_message_key_state_idx, read in seq order and stopped at once), earlier than `row` or
+    not. As one NOT EXISTS over the states, MySQL and MariaDB read every row of the key,
+    published ones included."""
     probes = [
         f"""coalesce((SELECT e.seq FROM outbox_message AS e
                   FORCE INDEX (outbox_message_key_state_idx)
@@ -347,8 +348,8 @@ FROM outbox_message
 WHERE state = 'pending'
 """  # noqa: S608
 
-# See common.unpark_sweep: the same heads (is_head), through a materialised derived table (see
-# UNPARK_NEXT).
+# See postgres.sql's unpark_sweep: the same heads (is_head), through a materialised derived table
+# (see UNPARK_NEXT).
 _UNPARK_SWEEP = """
 UPDATE outbox_message AS t
 JOIN (

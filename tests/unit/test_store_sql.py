@@ -52,7 +52,7 @@ def test_the_scopes_are_the_cores_and_each_has_its_expression() -> None:
 
 def test_the_blocking_states_and_the_head_check_are_written_once() -> None:
     sources = {p.name: p.read_text() for p in [*STORE.glob("*.py"), *STORE.glob("sql/*.sql")]}
-    for literal, home in (("'pending', 'in_flight'", "common.sql"), ("e.seq < ", "common.py")):
+    for literal, home in (("'pending', 'in_flight'", "common.sql"), ("e.seq < ", "sqlite.sql")):
         assert [name for name, text in sources.items() if literal in text] == [home]
     hold = dialect_for("postgresql", hold=True)
     skip = dialect_for("postgresql", hold=False)
@@ -80,6 +80,7 @@ def test_sqlite_reads_its_clock_only_through_now() -> None:
 
 
 POSTGRES = every_statement(dialect_for("postgresql"))
+SQLITE = every_statement(dialect_for("sqlite"))
 
 
 @pytest.mark.parametrize(
@@ -88,9 +89,9 @@ POSTGRES = every_statement(dialect_for("postgresql"))
         POSTGRES["_mark"],
         POSTGRES["release"],
         POSTGRES["_settle"],
-        sqlite.MARK_PUBLISHED,
-        sqlite.RELEASE,
-        sqlite.SETTLE_ONE,
+        SQLITE["_mark"],
+        SQLITE["release"],
+        SQLITE["_settle_one"],
         mysql.MARK_PUBLISHED,
         mysql.RELEASE,
         mysql.HELD,  # SETTLE_ONE then changes only the rows this read found and locked

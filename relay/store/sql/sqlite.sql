@@ -1,0 +1,339 @@
+-- Every statement the relay runs on SQLite, named and commented (relay/store/sqlite.py says which
+-- is which). Values are always bound; {{blocking}}, {{resource}} and {{let_off}} are the store's
+-- configuration (relay/store/queries.py).
+--
+-- SQLite has one writer at a time and no data-modifying CTEs, so what is one statement on
+-- PostgreSQL (postgres.sql, where each statement's reasons are given) is a few here, inside one
+-- BEGIN IMMEDIATE transaction: the write lock it takes up front is what keeps two relays from
+-- claiming the same row, and what makes the statements inside see and change the same rows.
+--
+-- SQLite has no time type: times are text in the format SQLAlchemy's DateTime writes
+-- ('YYYY-MM-DD HH:MM:SS.ffffff', UTC), so comparisons are plain string order. {{now}} is :now when
+-- a test froze time, else SQLite's clock in that same format (to the millisecond: %f is SS.SSS),
+-- and a time plus a bound number of seconds is
+-- strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'), printf('%+.6f seconds', :seconds)).
+-- A transaction of several statements reads the time once (read_now), so they all agree on it;
+-- the statements inside one bind it as :now, which is then never NULL.
+--
+-- Per-key order: SQLite uses a partial index only where the query names its predicate, so every
+-- look at a key's rows names outbox_message_key_idx's own state list ({{blocking_hold}}), and
+-- with dead_key "skip" (a shorter {{blocking}}) lets the other states off beside it.
+
+-- now --
+coalesce(:now, strftime('%Y-%m-%d %H:%M:%f000', 'now'))
+
+-- read_now --
+SELECT {{now}} AS now
+
+-- key_head --
+-- No earlier message of {{row}}'s key in a blocking state: one probe of outbox_message_key_idx.
+-- {{let_off}} is let_off_dead with dead_key "skip", nothing with "hold".
+NOT EXISTS (
+    SELECT 1 FROM outbox_message AS e
+    WHERE e.key = {{row}}.key AND e.seq < {{row}}.seq AND e.state IN ({{blocking_hold}}) {{let_off}}
+)
+
+-- let_off_dead --
+-- The states outside {{blocking}} (dead, with dead_key "skip") do not hold a key back.
+AND NOT (e.state NOT IN ({{blocking}}))
+
+-- ------------------------------------------------------------------------ claiming
+
+-- resource_filter --
+-- As postgres.sql's; :exclude is a JSON array.
+AND {{resource}} NOT IN (SELECT value FROM json_each(:exclude))
+AND (:only IS NULL OR {{resource}} = :only)
+
+-- select_unkeyed --
+-- Claiming is four statements in one transaction (five with runs): the unkeyed and the keyed
+-- candidates (keyed ones with whether each is its key's head), the runs behind the heads chosen
+-- (followers), parking the keyed candidates that are neither heads nor in a run, and leasing the
+-- best :limit of the rest with their runs. Per-key order, parking, resources and runs as in
+-- postgres.sql's claim; there is no SKIP LOCKED to need, the write lock is already held.
+SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
+       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary, key
+FROM outbox_message
+WHERE state = 'pending' AND key IS NULL AND available_at <= :now {{resource_filter}}
+ORDER BY priority DESC, available_at, seq
+LIMIT :limit
+
+-- select_keyed --
+SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
+       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary, key,
+       {{key_head}} AS head
+FROM outbox_message AS m
+WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= :now
+      {{resource_filter}}
+ORDER BY priority DESC, available_at, seq
+LIMIT :scan
+
+-- followers --
+-- Runs (see postgres.sql's claim): behind each of :heads (a JSON array of seqs, in claim order;
+-- the key is read from the head's row, since a BLOB key cannot travel in JSON), the next :run rows
+-- of its key in a blocking state, in seq order. SQLite has no LATERAL: a correlated IN with its
+-- own LIMIT reads each key's line in outbox_message_key_idx and stops at :run. A run is the
+-- prefix whose rows are all ready (`due`); :follow rows at most are kept, numbered in the claim
+-- order of their heads.
+WITH h AS (
+    SELECT j.key AS rank, m.seq, m.key
+    FROM json_each(:heads) AS j JOIN outbox_message AS m ON m.seq = j.value
+), f AS (
+    SELECT e.seq, h.rank,
+           (e.state = 'pending' AND e.lease_expires_at IS NULL
+            AND e.available_at <= :now {{resource_filter}}) AS ok
+    FROM h JOIN outbox_message AS e ON e.seq IN (
+        SELECT x.seq FROM outbox_message AS x
+        WHERE x.key = h.key AND x.seq > h.seq AND x.state IN ({{blocking_hold}})
+          AND x.state IN ({{blocking}})
+        ORDER BY x.seq
+        LIMIT :run
+    )
+), numbered AS (
+    SELECT seq, row_number() OVER (ORDER BY rank, seq) AS n,
+           min(ok) OVER (PARTITION BY rank ORDER BY seq) AS due
+    FROM f
+)
+SELECT seq FROM numbered WHERE due AND n <= :follow
+
+-- run_other --
+-- The next run of a chain (see postgres.sql's claim_run): followers behind row :after, unless an
+-- earlier message of its key in a blocking state is not in flight under :token (this statement
+-- finds one).
+SELECT 1 FROM outbox_message AS e
+WHERE e.key = (SELECT key FROM outbox_message WHERE seq = :after) AND e.seq <= :after
+  AND e.state IN ({{blocking_hold}}) AND e.state IN ({{blocking}})
+  AND NOT (e.state = 'in_flight' AND e.lease_token = :token)
+LIMIT 1
+
+-- park --
+UPDATE outbox_message SET held = true WHERE seq IN (SELECT value FROM json_each(:seqs))
+
+-- claim --
+-- `state = 'pending'` again: the candidates were chosen under the same write lock, so this only
+-- restates what must hold. :suspect is true when the rows chosen are suspects (see postgres.sql's
+-- claim): they are stamped with :stamp, claimed alone or with other suspects. A run's rows are
+-- usually parked: held is cleared with the lease.
+UPDATE outbox_message
+SET state = 'in_flight',
+    held = false,
+    attempts = attempts + 1,
+    lease_owner = :owner,
+    lease_token = :token,
+    lease_expires_at = strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'),
+                                printf('%+.6f seconds', :lease_seconds)),
+    last_error = CASE WHEN :suspect THEN :stamp ELSE last_error END
+WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'pending'
+RETURNING seq, id, exchange, routing_key, payload, content_type, headers, key,
+          priority, attempts, max_attempts, available_at, created_at, traceparent,
+          tracestate, :suspect AS suspect
+
+-- has_ready --
+-- See postgres.sql.
+SELECT EXISTS (
+    SELECT 1 FROM outbox_message
+    WHERE state = 'pending' AND available_at <= {{now}} AND NOT held AND {{resource}} = :only
+)
+
+-- unpark_sweep --
+-- See postgres.sql. Its head check names {{blocking}} alone: with dead_key "skip" it does not
+-- name outbox_message_key_idx's states as key_head does.
+UPDATE outbox_message SET held = false
+WHERE seq IN (
+    SELECT f.seq FROM (
+        SELECT key, min(seq) AS seq FROM outbox_message
+        WHERE state = 'pending' AND held AND key IS NOT NULL
+        GROUP BY key
+    ) AS f
+    WHERE NOT EXISTS (
+        SELECT 1 FROM outbox_message AS e
+        WHERE e.key = f.key AND e.seq < f.seq AND e.state IN ({{blocking}})
+    )
+)
+
+-- ------------------------------------------------------------------------ settling
+
+-- mark_published --
+-- Lease-guarded: see postgres.sql's mark_published. Followed, in the same transaction, by
+-- unpark_next for the rows it returns (one per row marked).
+UPDATE outbox_message
+SET state = 'published', published_at = :now, last_error = NULL,
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE seq IN (SELECT value FROM json_each(:seqs)) AND lease_token = :token
+  AND state = 'in_flight'
+RETURNING key, seq
+
+-- unpark_next --
+-- Unparking, as postgres.sql's mark_published does: for each key just published, its next
+-- message in a blocking state after the highest seq published (:lasts, a JSON array of those
+-- seqs; the key is read from that row), unparked when it is parked and a head. One probe of
+-- outbox_message_key_idx each, and one more for the head check. mark_published ran first in the
+-- same transaction, so the rows it published block nothing any more. While a run is in flight
+-- the next message is the run's own: nothing is unparked.
+UPDATE outbox_message AS u SET held = false
+WHERE u.seq IN (
+    SELECT (SELECT n.seq FROM outbox_message AS n
+            WHERE n.key = d.key AND n.seq > d.seq AND n.state IN ({{blocking_hold}})
+              AND n.state IN ({{blocking}})
+            ORDER BY n.seq LIMIT 1)
+    FROM json_each(:lasts) AS j JOIN outbox_message AS d ON d.seq = j.value
+) AND u.state = 'pending' AND u.held AND {{key_head}}
+
+-- release --
+-- See postgres.sql.
+UPDATE outbox_message
+SET state = 'pending',
+    available_at = strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'),
+                            printf('%+.6f seconds', :delay_seconds)),
+    attempts = max(attempts - 1, 0),
+    lease_expires_at = CASE WHEN last_error IN (:alone, :grouped) THEN {{now}} END,
+    last_error = CASE WHEN last_error = :alone THEN :solitary ELSE :error END,
+    lease_owner = NULL, lease_token = NULL
+WHERE seq IN (SELECT value FROM json_each(:seqs)) AND lease_token = :token
+  AND state = 'in_flight'
+
+-- extend_leases --
+-- See postgres.sql. :tokens is a JSON array of UUIDs as SQLite stores them (hex).
+UPDATE outbox_message
+SET lease_expires_at = strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'),
+                                printf('%+.6f seconds', :lease_seconds))
+WHERE lease_token IN (SELECT value FROM json_each(:tokens)) AND state = 'in_flight'
+
+-- settle_one --
+-- Failed attempts (see postgres.sql's settle_failures), one row at a time: settle_one, then
+-- record_attempt for the row if it changed (the lease guard let it through).
+UPDATE outbox_message
+SET state = :state,
+    available_at = coalesce(:available_at, available_at),
+    attempts = attempts - :unburn,
+    last_error = :error,
+    last_failed_at = :now,
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE seq = :seq AND lease_token = :token AND state = 'in_flight'
+RETURNING id, attempts + :unburn AS attempt
+
+-- record_attempt --
+INSERT INTO outbox_attempt
+    (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
+VALUES (:message_id, :attempt, :now, :relay_id, :failure_class, :outcome, :error, :next_at)
+
+-- ------------------------------------------------------------------------ taking leases back
+
+-- reclaimable --
+-- Taking leases back (relay/core/suspects.py decides what becomes of each row; postgres.sql's
+-- reclaim says when): the rows, with what the decision reads, then reclaim once per distinct
+-- change and record_attempt for them all, under the write lock the transaction holds. {{where}}
+-- picks the rows: an expired lease, one token's (abandon), an earlier run's, dead relays'.
+SELECT seq, id, lease_owner, last_error, attempts, max_attempts
+FROM outbox_message WHERE state = 'in_flight' AND {{where}}
+
+-- reclaim --
+-- Only rows the read above found, still in flight.
+UPDATE outbox_message
+SET state = :state, attempts = :attempts, last_error = :last_error, last_failed_at = :now,
+    lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
+WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'in_flight'
+
+-- reclaim_expired --
+lease_expires_at < :now
+
+-- abandoned --
+lease_token = :token
+
+-- reclaim_owner --
+lease_owner = :relay_id
+
+-- reclaim_dead --
+-- See postgres.sql's reclaim_dead: the dead relays are read and deleted first (dead_relays,
+-- forget_relays), in the same transaction.
+lease_owner IN (SELECT value FROM json_each(:relays))
+
+-- dead_relays --
+SELECT relay_id FROM outbox_relay
+WHERE last_seen < strftime('%Y-%m-%d %H:%M:%f000', :now, printf('-%.6f seconds', :dead_after))
+  AND relay_id <> :relay_id
+ORDER BY relay_id
+
+-- forget_relays --
+DELETE FROM outbox_relay WHERE relay_id IN (SELECT value FROM json_each(:relays))
+
+-- ------------------------------------------------------------------------ resources, relays
+
+-- lock_resource --
+-- No FOR UPDATE in SQLite: the write lock BEGIN IMMEDIATE took (Dialect.transaction) covers it.
+SELECT {{resource_columns}}, {{now}} AS now
+FROM outbox_resource WHERE resource = :resource
+
+-- register_relay --
+-- See postgres.sql.
+INSERT INTO outbox_relay (relay_id, started_at, last_seen) VALUES (:relay_id, {{now}}, {{now}})
+ON CONFLICT (relay_id) DO UPDATE SET started_at = excluded.started_at,
+                                     last_seen = excluded.last_seen
+RETURNING started_at
+
+-- heartbeat --
+INSERT INTO outbox_relay (relay_id, started_at, last_seen) VALUES (:relay_id, {{now}}, {{now}})
+ON CONFLICT (relay_id) DO UPDATE SET last_seen = excluded.last_seen
+
+-- relays --
+SELECT relay_id, started_at, last_seen FROM outbox_relay
+WHERE last_seen > strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'),
+                           printf('-%.6f seconds', :within))
+ORDER BY relay_id
+
+-- pending_summary --
+-- See postgres.sql: through the same partial indexes (SQLite uses one when a term of the WHERE
+-- clause is a term of its predicate). julianday() reads the stored text; its difference is in
+-- days.
+SELECT sum(due), sum(later), (julianday({{now}}) - julianday(min(oldest))) * 86400.0
+FROM (
+    SELECT coalesce(sum(m.available_at <= {{now}}), 0) AS due,
+           coalesce(sum(m.available_at > {{now}}), 0) AS later,
+           min(CASE WHEN m.available_at <= {{now}} THEN m.available_at END) AS oldest
+    FROM outbox_message AS m WHERE {{pending_unkeyed}}
+    UNION ALL
+    SELECT coalesce(sum(m.available_at <= {{now}}), 0) AS due,
+           coalesce(sum(m.available_at > {{now}}), 0) AS later,
+           min(CASE WHEN m.available_at <= {{now}} THEN m.available_at END) AS oldest
+    FROM outbox_message AS m WHERE {{pending_keyed}}
+    UNION ALL
+    SELECT coalesce(sum(m.available_at <= {{now}}), 0) AS due,
+           coalesce(sum(m.available_at > {{now}}), 0) AS later,
+           min(CASE WHEN m.available_at <= {{now}} THEN m.available_at END) AS oldest
+    FROM outbox_message AS m WHERE {{pending_parked}}
+)
+
+-- ------------------------------------------------------------------------ the console's charts
+
+-- published_minute --
+-- Times are text here, so a time's minute is its first 16 characters ('YYYY-MM-DD HH:MM').
+substr(published_at, 1, 16)
+
+-- failed_minute --
+substr(at, 1, 16)
+
+-- ------------------------------------------------------------------------ retention
+
+-- eligible_states --
+state IN (SELECT value FROM json_each(:states))
+
+-- failed_at --
+-- The stored times are text in one format, so max() and < compare them as times; a
+-- multi-argument max() is NULL if any argument is, hence the coalesce.
+max(created_at, coalesce(last_failed_at, created_at), coalesce(replayed_at, created_at))
+
+-- purge_messages --
+-- A batch is this DELETE and purge_attempts for the ids it returns, in one transaction (the
+-- write lock, held for the batch only, is what keeps anything from changing the rows in between).
+-- The ids come back as the stored hex text.
+DELETE FROM outbox_message
+WHERE seq IN (
+    SELECT seq FROM outbox_message
+    WHERE {{eligible}}
+    ORDER BY id
+    LIMIT :batch_size
+)
+RETURNING id
+
+-- purge_attempts --
+-- :ids is a JSON array of message ids as SQLite stores them (32 lowercase hex digits).
+DELETE FROM outbox_attempt WHERE message_id IN (SELECT value FROM json_each(:ids))
