@@ -6,7 +6,7 @@ ends that process, and only that one, and removes the directory.
 
 Its `[databases]` section is a wildcard: a client naming database `d` gets a pool on the
 upstream server's database `d`. Tests therefore isolate themselves by database, not by schema:
-the per-test schema of `tests.conftest.pg_url` is chosen by the URL's `options=-csearch_path=...`,
+the per-test schema of `tests.support.db.pg_url` is chosen by the URL's `options=-csearch_path=...`,
 a startup parameter that PgBouncer cannot carry (it is configured to ignore it, as most
 deployments are), so every test behind it gets a database of its own (`Databases`).
 

@@ -16,7 +16,9 @@ import outbox
 from outbox.schema import attempt, message
 from relay.console.server import ConsoleServer
 from tests.browser.conftest import log_in, shot
-from tests.conftest import Broker, RelayFactory, wait_until
+from tests.support.broker import Broker
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

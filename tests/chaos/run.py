@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 import outbox
 from outbox.schema import UUID, message
 from tests.chaos.checker import DeliveryChecker, Report
-from tests.chaos.proxy import TcpProxy
+from tests.support.proxy import TcpProxy
 
 PG_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 MYSQL_URL = os.environ.get("OUTBOX_TEST_MYSQL_URL", "mariadb+pymysql://root@127.0.0.1:3306/test")

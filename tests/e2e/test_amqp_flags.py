@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cli import assert_one_line_error, cli, environment
+from tests.support.cli import assert_one_line_error, cli, environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

@@ -13,7 +13,7 @@ from relay.core import circuit
 from relay.core.circuit import CircuitSettings
 from relay.ports import ResourceRow
 from relay.store.sql_store import open_store
-from tests.e2e.test_cli import assert_one_line_error, cli
+from tests.support.cli import assert_one_line_error, cli
 
 SETTINGS = CircuitSettings(threshold=2, cooldown=300.0, max_cooldown=600.0)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,49 +18,22 @@ from sqlalchemy import Engine, create_engine, inspect, select, update
 import outbox
 from outbox.schema import SCHEMA_VERSION, message, schema_version
 from relay.store.sql_store import SqlStore
-from tests.conftest import AMQP_URL, Broker, make_app_engine, pg_schema, states, wait_until
+from tests.support.broker import AMQP_URL, Broker
+from tests.support.cli import (
+    UNREACHABLE_AMQP,
+    UNREACHABLE_DB,
+    assert_one_line_error,
+    cli,
+    environment,
+)
+from tests.support.db import make_app_engine, pg_schema, states
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
-UNREACHABLE_DB = "postgresql+psycopg://root@127.0.0.1:1/x"
-UNREACHABLE_AMQP = "amqp://guest:guest@127.0.0.1:1/%2F"
 STATUS_KEYS = {"pending", "in_flight", "published", "dead", "cancelled", "oldest_pending_age_s"}
 
 RUN = "run"
-
-
-def environment(**extra: str) -> dict[str, str]:
-    """This process's environment without any OUTBOX_* setting the test did not choose."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "OTEL_"))}
-    env["OTEL_TRACES_EXPORTER"] = "none"
-    env.update(extra)
-    return env
-
-
-def cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 30
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "relay", *args],
-        cwd=cwd,
-        env=env or environment(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
-    """Exit `code`, nothing on stdout, exactly one line on stderr, and no traceback."""
-    detail = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr!r}"
-    assert result.returncode == code, detail
-    assert "Traceback" not in result.stderr, detail
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, detail
-    assert lines[0].strip(), detail
-    assert result.stdout == "", detail
-    return lines[0]
 
 
 # --------------------------------------------------------------------------- migrate

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from relay.cli.main import build_parser, main
 from relay.runtime.settings import SETTINGS
-from tests.e2e.test_cli import environment
+from tests.support.cli import cli, environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -200,13 +200,9 @@ def test_the_issues_examples_as_subprocesses(
     env: dict[str, str], argv: list[str], code: int, names: str, tmp_path: Path
 ) -> None:
     db = f"sqlite:///{tmp_path / 'outbox.db'}"
-    subprocess.run([sys.executable, "-m", "relay", "--db", db, "migrate"], cwd=tmp_path,
-                   env=environment(), check=True, capture_output=True)  # fmt: skip
-    result = subprocess.run(
-        [sys.executable, "-m", "relay", *argv],
-        cwd=tmp_path, env=environment(OUTBOX_DB_URL=db, **env), capture_output=True, text=True,
-        timeout=30, check=False,
-    )  # fmt: skip
+    migrated = cli("--db", db, "migrate", cwd=tmp_path)
+    assert migrated.returncode == 0, migrated.stderr
+    result = cli(*argv, cwd=tmp_path, env=environment(OUTBOX_DB_URL=db, **env))
     _check(result.returncode, result.stdout, result.stderr, argv)
     assert result.returncode == code, result.stderr
     assert names in result.stderr
@@ -215,8 +211,8 @@ def test_the_issues_examples_as_subprocesses(
 
 def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'outbox.db'}"
-    subprocess.run([sys.executable, "-m", "relay", "--db", db, "migrate"], cwd=tmp_path,
-                   env=environment(), check=True, capture_output=True)  # fmt: skip
+    migrated = cli("--db", db, "migrate", cwd=tmp_path)
+    assert migrated.returncode == 0, migrated.stderr
     # `outbox-relay status | head -0`: the reader is gone before the first write.
     read, write = os.pipe()
     os.close(read)

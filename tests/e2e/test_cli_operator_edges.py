@@ -15,7 +15,7 @@ import outbox
 from outbox.schema import message
 from relay.cli.main import main
 from relay.cli.messages import BULK_CHUNK
-from tests.conftest import PG_ADMIN_URL, make_app_engine, states
+from tests.support.db import PG_ADMIN_URL, make_app_engine, states
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -9,8 +9,9 @@ import sys
 import uuid
 from pathlib import Path
 
-from tests.conftest import AMQP_URL, Broker, wait_until
-from tests.e2e.test_cli import cli, environment
+from tests.support.broker import AMQP_URL, Broker
+from tests.support.cli import cli, environment
+from tests.support.waiting import wait_until
 
 
 def test_producer_relay_and_consumer_share_each_messages_trace(

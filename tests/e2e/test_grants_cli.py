@@ -17,9 +17,7 @@ from sqlalchemy import Engine
 
 import outbox
 from relay.cli.main import main
-from tests.conftest import AMQP_URL, Broker, states, wait_until
 from tests.docs_blocks import block
-from tests.e2e.test_cli import cli, environment
 from tests.integration.test_least_privilege import (
     PAGE,
     Roles,
@@ -27,8 +25,11 @@ from tests.integration.test_least_privilege import (
     documented_pipeline,
     psql_environment,
     roles,
-    run_cli,
 )
+from tests.support.broker import AMQP_URL, Broker
+from tests.support.cli import cli, environment, in_process
+from tests.support.db import states
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -69,7 +70,7 @@ def test_bad_names_exit_2_in_one_line(
 def test_the_relay_role_runs_the_relay_beside_the_application_role(
     roles: Roles, broker: Broker, tmp_path: Path
 ) -> None:
-    code, _, err = run_cli("--db", roles.url("owner"), "migrate")
+    code, _, err = in_process("--db", roles.url("owner"), "migrate")
     assert code == 0, err
     # The page's pipeline exactly as shown (with this test's names), through a shell, the
     # console script found on PATH as an operator's shell finds it.

@@ -10,7 +10,6 @@ import datetime as dt
 import logging
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,12 +19,11 @@ from sqlalchemy import Engine, delete, insert, inspect, text
 import outbox
 from outbox.migrate import AUTOVACUUM_SETTINGS, inspect_schema
 from outbox.schema import SCHEMA_VERSION, schema_version
-from relay.cli.main import main
 from relay.runtime.runner import check_schema
 from relay.store.sql_store import open_store
-from tests.conftest import make_app_engine
 from tests.docs_blocks import block
-from tests.e2e.test_cli import UNREACHABLE_AMQP, assert_one_line_error, cli, environment
+from tests.support.cli import UNREACHABLE_AMQP, assert_one_line_error, cli, environment, in_process
+from tests.support.db import make_app_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -43,23 +41,7 @@ def documented_commands() -> dict[str, list[str]]:
 
 def run_documented(command: str, db_url: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """A command of the page as written, the database given as its variable (OUTBOX_DB_URL)."""
-    return subprocess.run(
-        [sys.executable, "-m", "relay", *documented_commands()[command]],
-        cwd=cwd,
-        env=environment(OUTBOX_DB_URL=db_url),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-
-
-def cli_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """`outbox-relay ARGS` in this process (cheaper than a subprocess): exit code, out, err."""
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+    return cli(*documented_commands()[command], cwd=cwd, env=environment(OUTBOX_DB_URL=db_url))
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -82,7 +64,7 @@ def forget_versions(engine: Engine) -> None:
 
 
 def test_the_documented_commands_check_then_complete_an_older_schema(
-    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pg_url: str, tmp_path: Path
 ) -> None:
     engine = make_app_engine(pg_url)
     try:
@@ -121,10 +103,10 @@ def test_the_documented_commands_check_then_complete_an_older_schema(
         assert all(str(gap) in logged for gap in before.gaps)
 
         # In process from here: the subprocess path is the one above.
-        assert cli_in_process(capsys, "--db", pg_url, "migrate", "--check") == (
+        assert in_process("--db", pg_url, "migrate", "--check") == (
             0, f"outbox schema is up to date (version {SCHEMA_VERSION}, recorded)\n", ""
         )  # fmt: skip
-        assert cli_in_process(capsys, "--db", pg_url, "migrate")[0] == 0  # again: nothing to do
+        assert in_process("--db", pg_url, "migrate")[0] == 0  # again: nothing to do
         with engine.connect() as conn:
             assert inspect_schema(conn).complete
             versions = conn.execute(text("SELECT version FROM outbox_schema_version")).scalars()
@@ -151,26 +133,24 @@ def test_check_on_a_database_never_migrated_lists_every_table_and_creates_none(
 
 
 def test_a_complete_schema_without_a_version_is_up_to_date_and_migrate_records_it(
-    engine: Engine, db_url: str, capsys: pytest.CaptureFixture[str]
+    engine: Engine, db_url: str
 ) -> None:
     outbox.create_schema(engine)
     forget_versions(engine)
 
-    assert cli_in_process(capsys, "--db", db_url, "migrate", "--check") == (
+    assert in_process("--db", db_url, "migrate", "--check") == (
         0,
         f"outbox schema is up to date (version {SCHEMA_VERSION}, not recorded: "
         "`outbox-relay migrate` would record it, changing nothing else)\n",
         "",
     )
-    assert cli_in_process(capsys, "--db", db_url, "migrate")[0] == 0
+    assert in_process("--db", db_url, "migrate")[0] == 0
     with engine.connect() as conn:
         versions = conn.execute(text("SELECT version FROM outbox_schema_version")).scalars().all()
     assert sorted(versions) == list(range(1, SCHEMA_VERSION + 1))
 
 
-def test_migrate_refuses_a_table_it_cannot_complete_in_one_line(
-    sqlite_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_migrate_refuses_a_table_it_cannot_complete_in_one_line(sqlite_url: str) -> None:
     engine = make_app_engine(sqlite_url)
     try:
         outbox.create_schema(engine)
@@ -179,10 +159,10 @@ def test_migrate_refuses_a_table_it_cannot_complete_in_one_line(
     finally:
         engine.dispose()
 
-    assert cli_in_process(capsys, "--db", sqlite_url, "migrate", "--check")[:2] == (
+    assert in_process("--db", sqlite_url, "migrate", "--check")[:2] == (
         1, "missing column exchange in outbox_message\n"
     )  # fmt: skip
-    assert cli_in_process(capsys, "--db", sqlite_url, "migrate") == (
+    assert in_process("--db", sqlite_url, "migrate") == (
         1,
         "",
         "outbox-relay: migrate failed: outbox_message lacks column exchange, which is NOT NULL "
@@ -219,7 +199,6 @@ def test_a_schema_a_newer_outbox_migrated_is_left_alone(
     engine: Engine,
     db_url: str,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """An older release's `migrate` (a rollback's deploy step) on a newer schema says so in one
@@ -229,7 +208,7 @@ def test_a_schema_a_newer_outbox_migrated_is_left_alone(
         conn.execute(insert(schema_version).values(version=SCHEMA_VERSION + 1, applied_at=NOW))
         conn.exec_driver_sql("DROP INDEX outbox_message_failed_idx")
 
-    assert cli_in_process(capsys, "--db", db_url, "migrate", "--check") == (
+    assert in_process("--db", db_url, "migrate", "--check") == (
         0,
         f"outbox schema is version {SCHEMA_VERSION + 1}, newer than this outbox-relay's "
         f"{SCHEMA_VERSION}: nothing to do\n",

@@ -22,8 +22,8 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.conftest import AMQP_URL
 from tests.docs_blocks import block
+from tests.support.broker import AMQP_URL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

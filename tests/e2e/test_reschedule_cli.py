@@ -25,8 +25,8 @@ from sqlalchemy import Engine, select, update
 import outbox
 from outbox.schema import attempt, message
 from relay.cli.main import main
-from tests.conftest import make_app_engine
-from tests.e2e.test_cli import cli, environment
+from tests.support.cli import cli, environment
+from tests.support.db import make_app_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

@@ -12,8 +12,10 @@ import pytest
 from sqlalchemy import Engine
 
 import outbox
-from tests.conftest import AMQP_URL, Broker, states, wait_until
-from tests.e2e.test_cli import environment
+from tests.support.broker import AMQP_URL, Broker
+from tests.support.cli import environment
+from tests.support.db import states
+from tests.support.waiting import wait_until
 
 # Full-speed drains: one at a time beside the light tests (make test's --dist loadgroup).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120), pytest.mark.xdist_group("heavy")]

@@ -19,8 +19,9 @@ from sqlalchemy import Engine
 
 import outbox
 from relay.core.urls import node_name
-from tests.conftest import AMQP_URL, Broker, wait_until
-from tests.e2e.test_cli import environment
+from tests.support.broker import AMQP_URL, Broker
+from tests.support.cli import environment
+from tests.support.waiting import wait_until
 
 
 def start_relay(db_url: str, cwd: Path, *args: str, **env: str) -> subprocess.Popen[str]:

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from outbox.schema import SCHEMA_VERSION
-from tests.conftest import AMQP_URL, wait_until
+from tests.support.broker import AMQP_URL
+from tests.support.waiting import wait_until
 
 # A fresh environment and two isolated builds take a minute or two (pip's cache helps); the pip
 # install is CPU-bound, so it never runs beside a full-speed drain (xdist_group "heavy").

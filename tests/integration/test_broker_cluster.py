@@ -3,14 +3,12 @@ that answers, says which, and when its node goes away mid-run it fails over to a
 delivers everything.
 
 The "nodes" are the real broker reached two ways: directly, and through a TCP proxy the test
-cuts (tests/chaos/proxy.py); a dead node is a closed port.
+cuts (tests/support/proxy.py); a dead node is a closed port.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import select as io_select
 import socket
 import threading
 import uuid
@@ -30,8 +28,11 @@ from relay.loop.wiring import wire_relay
 from relay.runtime.config import RelayConfig
 from relay.runtime.logs import LogfmtFormatter
 from relay.store.sql_store import open_store
-from tests.chaos.proxy import TcpProxy
-from tests.conftest import RELAY_TEST_CONFIG, Broker, row_count, wait_until
+from tests.support.broker import Broker
+from tests.support.db import row_count
+from tests.support.proxy import TcpProxy
+from tests.support.relays import RELAY_TEST_CONFIG
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -47,41 +48,10 @@ def dead_url(amqp_url: str) -> str:
     return amqp_url.replace(host_port, f"127.0.0.1:{port}", 1)
 
 
-class HoldingProxy(TcpProxy):
-    """The chaos proxy, able to hold back what the broker sends (confirms included) while still
-    passing on what the relay sends: a node that has taken messages and not answered yet."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self.holding = threading.Event()
-        super().__init__(target_host, target_port)
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        # As TcpProxy._pump (a: the client, b: the broker), without latency; while holding, the
-        # broker's side is not read, so nothing it sends gets through.
-        peers = {a: b, b: a}
-        try:
-            while True:
-                sources = [a] if self.holding.is_set() else [a, b]
-                readable, _, _ = io_select.select(sources, [], [], 0.05)
-                for s in readable:
-                    data = s.recv(65536)
-                    if not data:
-                        return
-                    peers[s].sendall(data)
-        except (OSError, ValueError):
-            return
-        finally:
-            for s in (a, b):
-                with contextlib.suppress(OSError):
-                    s.close()
-            with self._lock, contextlib.suppress(ValueError):
-                self._pairs.remove((a, b))
-
-
 @pytest.fixture
-def proxy(amqp_url: str) -> Iterator[HoldingProxy]:
+def proxy(amqp_url: str) -> Iterator[TcpProxy]:
     host, port = node_name(amqp_url).rsplit(":", 1)
-    tcp = HoldingProxy(host, int(port))
+    tcp = TcpProxy(host, int(port))
     yield tcp
     tcp.close()
 
@@ -171,7 +141,7 @@ def test_a_node_cut_mid_run_fails_over_to_the_next_and_everything_is_delivered(
     pg_url: str,
     broker: Broker,
     amqp_url: str,
-    proxy: HoldingProxy,
+    proxy: TcpProxy,
     start_relay: Start,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -185,7 +155,7 @@ def test_a_node_cut_mid_run_fails_over_to_the_next_and_everything_is_delivered(
 
     # The first node takes messages and confirms none: the cut falls while the broker holds
     # messages the relay has not seen confirmed.
-    proxy.holding.set()
+    proxy.hold()
     before = enqueue(pg_engine, broker.exchange, 600, "before")
     broker.collect(lambda received: len(received) > 1, timeout=30,
                    what="a message through the first node, its confirm held")  # fmt: skip
@@ -214,7 +184,7 @@ def test_a_node_cut_mid_run_fails_over_to_the_next_and_everything_is_delivered(
 
 
 def test_after_every_node_failed_the_publisher_backs_off_then_starts_again_in_order(
-    amqp_url: str, proxy: HoldingProxy, caplog: pytest.LogCaptureFixture
+    amqp_url: str, proxy: TcpProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="relay.publisher")
     through_proxy, dead = proxy.url_for(amqp_url, 5672), dead_url(amqp_url)

@@ -13,7 +13,9 @@ from sqlalchemy import Engine, select, update
 import outbox
 from outbox.schema import attempt, message
 from relay.core.policy import RetryPolicy
-from tests.conftest import Broker, RelayFactory, drive, drive_until_settled, states
+from tests.support.broker import Broker
+from tests.support.db import states
+from tests.support.relays import RelayFactory, drive, drive_until_settled
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

@@ -19,7 +19,9 @@ from sqlalchemy import Engine, text
 import outbox
 from relay.core.circuit import CircuitSettings, CircuitState
 from relay.loop.relay import Relay
-from tests.conftest import Broker, RelayFactory, wait_until
+from tests.support.broker import Broker
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 FAST = CircuitSettings(threshold=5, cooldown=0.5, max_cooldown=2.0, probe_timeout=30.0)
 

@@ -25,9 +25,12 @@ from relay.core.circuit import CircuitSettings
 from relay.ports import ResourceRow
 from relay.store import admin
 from relay.store.sql_store import make_engine, open_store
-from tests.conftest import Broker, RelayFactory, drive, make_app_engine, states, wait_until
 from tests.integration import test_least_privilege
 from tests.integration.test_least_privilege import Roles
+from tests.support.broker import Broker
+from tests.support.db import make_app_engine, states
+from tests.support.relays import RelayFactory, drive
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

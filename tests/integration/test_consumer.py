@@ -36,7 +36,8 @@ from outbox.consumer import (
     retry_queue,
 )
 from outbox.schema import inbox
-from tests.conftest import Broker, amqp_connection, wait_until
+from tests.support.broker import Broker, amqp_connection
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

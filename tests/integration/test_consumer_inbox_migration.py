@@ -13,7 +13,7 @@ from sqlalchemy.schema import DropIndex
 import outbox
 from outbox.migrate import current_version
 from outbox.schema import SCHEMA_VERSION, inbox, schema_version
-from tests.conftest import make_app_engine
+from tests.support.db import make_app_engine
 
 
 @pytest.fixture

@@ -19,16 +19,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 import outbox
 from outbox.amqp_codec import install_float_decoding
 from relay.loop.counts import Counts
-from tests.conftest import (
-    Broker,
-    Delivery,
-    RelayFactory,
-    drive,
-    drive_until_settled,
-    row_count,
-    states,
-    wait_until,
-)
+from tests.support.broker import Broker, Delivery
+from tests.support.db import row_count, states
+from tests.support.relays import RelayFactory, drive, drive_until_settled
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

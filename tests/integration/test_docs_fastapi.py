@@ -17,8 +17,8 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 import outbox
 from outbox.testing import enqueued
-from tests.conftest import make_app_engine
 from tests.docs_blocks import block
+from tests.support.db import make_app_engine
 
 with warnings.catch_warnings():
     # Starlette 1.x asks for `httpx2` (not installed here) and warns on import; httpx works.

@@ -30,8 +30,10 @@ from outbox.config import settings
 from outbox.consumer import dead_queue, retry_queue
 from outbox.schema import inbox
 from outbox.testing import assert_enqueued, enqueued
-from tests.conftest import Broker, RelayFactory, amqp_connection, wait_until
 from tests.docs_blocks import DOCS, block
+from tests.support.broker import Broker, amqp_connection
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -14,8 +14,9 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
 from outbox.testing import enqueued
-from tests.conftest import Broker, RelayFactory
 from tests.docs_blocks import block
+from tests.support.broker import Broker
+from tests.support.relays import RelayFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox.config import settings
-from tests.conftest import row_count, wait_until
+from tests.support.db import row_count
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

@@ -29,7 +29,10 @@ from outbox.testing import (
     enqueued,
     enqueued_async,
 )
-from tests.conftest import Broker, RelayFactory, make_app_engine, pg_schema, row_count, wait_until
+from tests.support.broker import Broker
+from tests.support.db import make_app_engine, pg_schema, row_count
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -20,7 +20,9 @@ import outbox
 from outbox.amqp_codec import install_float_decoding
 from outbox.config import DEFAULT_MAX_JSON_DEPTH
 from outbox.schema import message
-from tests.conftest import Broker, RelayFactory, make_app_engine
+from tests.support.broker import Broker
+from tests.support.db import make_app_engine
+from tests.support.relays import RelayFactory
 
 
 def nested(depth: int) -> list[Any]:

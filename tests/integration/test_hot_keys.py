@@ -13,8 +13,11 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import outbox
-from tests.conftest import Broker, RelayFactory, states, wait_until
 from tests.integration.test_ordering import FAST_RETRIES, Arrivals
+from tests.support.broker import Broker
+from tests.support.db import states
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

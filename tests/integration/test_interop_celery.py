@@ -21,8 +21,11 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import outbox
-from tests.conftest import RelayFactory, amqp_connection, states, wait_until
 from tests.docs_blocks import block
+from tests.support.broker import amqp_connection
+from tests.support.db import states
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

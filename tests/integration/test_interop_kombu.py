@@ -17,7 +17,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import outbox
-from tests.conftest import Broker, RelayFactory, wait_until
+from tests.support.broker import Broker
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -23,7 +23,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import outbox
-from tests.conftest import AMQP_URL, Broker, RelayFactory, wait_until
+from tests.support.broker import AMQP_URL, Broker
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

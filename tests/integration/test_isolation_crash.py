@@ -14,8 +14,9 @@ from sqlalchemy import Engine, select
 
 import outbox
 from outbox.schema import message
-from tests.conftest import Broker, states
 from tests.faults.crash_on_row import CRASHED, POISON
+from tests.support.broker import Broker
+from tests.support.db import states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

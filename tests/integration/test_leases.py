@@ -15,7 +15,10 @@ from outbox.schema import attempt, message
 from relay.core.failures import Classified, FailureClass
 from relay.core.policy import Dead
 from relay.store.sql_store import SqlStore
-from tests.conftest import Broker, RelayFactory, states, wait_until
+from tests.support.broker import Broker
+from tests.support.db import states
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

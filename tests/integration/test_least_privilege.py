@@ -11,10 +11,8 @@ Roles are cluster-wide: each is named t_<random>_<kind>, and only those are drop
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
-import io
 import os
 import re
 import shlex
@@ -30,13 +28,16 @@ from sqlalchemy.exc import ProgrammingError
 
 import outbox
 from outbox.schema import message
-from relay.cli.main import main
 from relay.core.circuit import CircuitSettings
 from relay.core.retention import RetentionPolicy
 from relay.ports import RetentionFailed
 from relay.store.retention import cutoff_id
-from tests.conftest import PG_ADMIN_URL, Broker, RelayFactory, pg_schema, states, wait_until
 from tests.docs_blocks import block
+from tests.support.broker import Broker
+from tests.support.cli import in_process
+from tests.support.db import PG_ADMIN_URL, pg_schema, states
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -108,14 +109,6 @@ def roles(pg_admin: Engine, pg_url: str) -> Iterator[Roles]:
                 conn.exec_driver_sql(f"DROP ROLE {quoted}")
 
 
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    """`outbox-relay ARGV` in this process: exit code, stdout, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
-
-
 def documented_grants_argv(roles: Roles) -> tuple[list[str], list[str]]:
     """The page's `outbox-relay grants ... | psql ...` with this test's role and schema names
     and the owner's login in place of the page's."""
@@ -133,10 +126,10 @@ def apply_documented_grants(roles: Roles) -> None:
     """Migrate as the owner (so it owns the tables), then the page's pipeline with this test's
     names: the command in this process (tests/e2e/test_grants_cli.py runs it as a process),
     its output piped to psql as shown."""
-    code, _, err = run_cli("--db", roles.url("owner"), "migrate")
+    code, _, err = in_process("--db", roles.url("owner"), "migrate")
     assert code == 0, err
     left, right = documented_grants_argv(roles)
-    code, sql, err = run_cli(*left[1:])
+    code, sql, err = in_process(*left[1:])
     assert code == 0, err
     done = subprocess.run(
         right, input=sql, env=psql_environment(), capture_output=True, text=True, timeout=60
@@ -342,7 +335,7 @@ def test_the_viewer_reads_and_each_write_is_refused_naming_the_privilege(granted
                      ["show", str(seeded["dead"])], ["circuits"],
                      ["replay", "--state", "dead", "--dry-run"],
                      ["purge", "--older-than", "1d", "--dry-run"]):  # fmt: skip
-            code, out, err = run_cli("--db", url, *argv)
+            code, out, err = in_process("--db", url, *argv)
             assert code == 0, (argv, err)
             assert out, argv
 
@@ -352,14 +345,14 @@ def test_the_viewer_reads_and_each_write_is_refused_naming_the_privilege(granted
             "INSERT on table outbox_attempt; USAGE on sequence outbox_attempt_id_seq" + hint
         )
         for verb, target in (("replay", "dead"), ("discard", "dead"), ("cancel", "pending")):
-            line = one_line_failure(run_cli("--db", url, verb, str(seeded[target])))
+            line = one_line_failure(in_process("--db", url, verb, str(seeded[target])))
             assert line == f"outbox-relay: {verb} failed: {change}"
-        line = one_line_failure(run_cli("--db", url, "purge", "--older-than", "1d"))
+        line = one_line_failure(in_process("--db", url, "purge", "--older-than", "1d"))
         assert line == (
             f"outbox-relay: purge failed: permission denied: role {viewer} lacks UPDATE, DELETE "
             f"on table outbox_message; DELETE on table outbox_attempt{hint}"
         )
-        line = one_line_failure(run_cli("--db", url, "circuits", "reset", "orders"))
+        line = one_line_failure(in_process("--db", url, "circuits", "reset", "orders"))
         assert line == (
             f"outbox-relay: circuits failed: permission denied: role {viewer} lacks INSERT, "
             f"UPDATE on table outbox_resource{hint}"
@@ -383,7 +376,7 @@ def test_the_operator_replays_discards_cancels_purges_and_resets(granted: Roles)
             ["circuits", "reset", "orders"],
             ["status"],
         ):
-            code, _, err = run_cli("--db", url, *argv)
+            code, _, err = in_process("--db", url, *argv)
             assert code == 0, (argv, err)
         assert states(owner) == {"pending": 1, "cancelled": 1}
         with owner.connect() as conn:
@@ -396,5 +389,5 @@ def test_the_operator_replays_discards_cancels_purges_and_resets(granted: Roles)
 
 
 def test_a_role_without_usage_on_the_schema_sees_no_outbox(granted: Roles) -> None:
-    line = one_line_failure(run_cli("--db", granted.url("stranger"), "status"))
+    line = one_line_failure(in_process("--db", granted.url("stranger"), "status"))
     assert "the outbox tables do not exist" in line, line

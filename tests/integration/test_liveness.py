@@ -16,8 +16,11 @@ from sqlalchemy import Engine, select, update
 import outbox
 from outbox.schema import attempt, message, relay_instance
 from relay.store.sql_store import SqlStore
-from tests.conftest import Broker, RelayFactory, states, wait_until
 from tests.integration.test_leases import enqueue_many, expire_leases
+from tests.support.broker import Broker
+from tests.support.db import states
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -25,7 +25,10 @@ from relay.errors import DatabaseUnavailable
 from relay.ports import ResourceRow
 from relay.store import admin
 from relay.store.sql_store import open_store, translated
-from tests.conftest import Broker, RelayFactory, make_app_engine, wait_until
+from tests.support.broker import Broker
+from tests.support.db import make_app_engine
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 
 def with_driver(url: str, drivername: str) -> str:

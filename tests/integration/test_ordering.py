@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from collections import defaultdict
 
@@ -14,7 +12,11 @@ from sqlalchemy.orm import Session
 
 import outbox
 from relay.core.policy import RetryPolicy
-from tests.conftest import Broker, RelayFactory, states, wait_until
+from tests.support.broker import Broker
+from tests.support.cli import cli
+from tests.support.db import states
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -154,10 +156,7 @@ def test_a_dead_head_holds_its_key_until_an_operator_discards_it(
     assert states(app_engine) == {"dead": 1, "pending": 3}  # held behind the dead head
     assert broker.received == []
 
-    discarded = subprocess.run(
-        [sys.executable, "-m", "relay", "--db", db_url, "discard", str(head)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    discarded = cli("--db", db_url, "discard", str(head), timeout=60)
     assert discarded.returncode == 0, discarded.stderr
     received = broker.collect_ids(rest, timeout=20)
     assert [d.message_id for d in received] == [str(i) for i in rest]

@@ -14,7 +14,9 @@ from sqlalchemy.orm import Session
 import outbox
 from outbox import amqp_codec
 from outbox.consumer import dead_queue, retry_queue
-from tests.conftest import Broker, RelayFactory, wait_until
+from tests.support.broker import Broker
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 FLOATS: dict[str, Any] = {"ratio": 0.25, "negative": -3.5, "large": 1e300, "whole": 2.0}
 

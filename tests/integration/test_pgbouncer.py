@@ -38,10 +38,12 @@ from relay.runtime.urls import parse_db_url
 from relay.runtime.wakeup import Listener, listener_for
 from relay.store.databases import driver_arguments
 from relay.store.sql_store import SqlStore, make_engine, open_store
-from tests.conftest import AMQP_URL, PG_ADMIN_URL, Broker, pg_schema, wait_until
 from tests.docs_blocks import block
-from tests.e2e.test_cli import environment
 from tests.pgbouncer import Databases, PgBouncer, running
+from tests.support.broker import AMQP_URL, Broker
+from tests.support.cli import environment
+from tests.support.db import PG_ADMIN_URL, pg_schema
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -25,7 +25,10 @@ from sqlalchemy.types import Uuid
 import outbox
 from outbox.schema import message
 from relay.amqp.publisher import Publisher
-from tests.conftest import Broker, RelayFactory, make_app_engine, wait_until
+from tests.support.broker import Broker
+from tests.support.db import make_app_engine
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

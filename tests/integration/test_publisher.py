@@ -14,7 +14,7 @@ from relay.amqp.publisher import Publisher
 from relay.core.outcome import Fate, Outcome
 from relay.errors import BrokerUnavailable
 from relay.ports import Outgoing
-from tests.conftest import Broker
+from tests.support.broker import Broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 

@@ -19,7 +19,11 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox.schema import attempt, message
-from tests.conftest import Broker, RelayFactory, states, wait_until
+from tests.support.broker import Broker
+from tests.support.cli import cli
+from tests.support.db import states
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -47,13 +51,7 @@ def _history(engine: Engine, message_id: uuid.UUID) -> list[Any]:
 
 
 def _cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "relay", "--db", db_url, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return cli("--db", db_url, *args, timeout=60)
 
 
 def test_unroutable_messages_die_with_history_and_replay_delivers_them_with_the_same_id(

@@ -12,8 +12,6 @@ import argparse
 import datetime as dt
 import io
 import json
-import os
-import subprocess
 import sys
 import threading
 import uuid
@@ -38,7 +36,8 @@ from relay.store.databases import dialect_for
 from relay.store.dialect import compile_sql
 from relay.store.retention import run_retention_once
 from relay.store.sql_store import make_engine, open_store
-from tests.conftest import make_app_engine, pg_schema, states
+from tests.support.cli import cli as run_cli
+from tests.support.db import make_app_engine, pg_schema, states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -325,19 +324,6 @@ def test_purge_command_shows_progress_on_a_terminal(
 needs_wiring = pytest.mark.skipif(
     "purge" not in cli._COMMANDS, reason="enable by wiring retention_cli into relay/cli.py"
 )
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "OTEL_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "relay", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
 
 
 @pytest.mark.e2e

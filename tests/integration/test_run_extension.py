@@ -14,8 +14,8 @@ from sqlalchemy import Engine, update
 import outbox
 from outbox.schema import message
 from relay.store.sql_store import SqlStore
-from tests.conftest import states
 from tests.integration.test_runs import LONG, claim, enqueue_key, seqs_of
+from tests.support.db import states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -17,7 +17,7 @@ from outbox.schema import message
 from relay.core.failures import Classified, FailureClass
 from relay.core.policy import Dead
 from relay.store.sql_store import SqlStore, open_store
-from tests.conftest import states
+from tests.support.db import states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

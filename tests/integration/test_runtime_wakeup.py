@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 import outbox
 from relay.runtime.wakeup import Listener, listener_for
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

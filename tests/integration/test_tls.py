@@ -1,5 +1,5 @@
 """TLS to the broker for real, without touching the machine's RabbitMQ: a TLS-terminating proxy
-(tests/tlsproxy.py) in front of its plain port, certificates made by `openssl` for the test.
+(tests/support/tls.py) in front of its plain port, certificates made by `openssl` for the test.
 
 The relay runs as an operator runs it (`outbox-relay run` with --amqp-ca-file, --amqp-cert-file,
 --amqp-key-file, --amqp-server-name) over mutual TLS; a wrong CA, a certificate for another name
@@ -31,10 +31,12 @@ from relay.amqp.publisher import Publisher
 from relay.amqp.tls import TlsOptions
 from relay.core.urls import node_name
 from relay.errors import BrokerUnavailable, plain_broker_error
-from tests.conftest import Broker, states, wait_until
-from tests.e2e.test_cli import assert_one_line_error, cli, environment
 from tests.e2e.test_telemetry_cli import free_port, get
-from tests.tlsproxy import SERVER_NAME, Certificates, TlsProxy, make_certificates
+from tests.support.broker import Broker
+from tests.support.cli import assert_one_line_error, cli, environment
+from tests.support.db import states
+from tests.support.tls import SERVER_NAME, Certificates, TlsProxy, make_certificates
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

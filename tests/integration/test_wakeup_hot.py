@@ -21,7 +21,10 @@ from outbox.prepared import prepare
 from relay.loop.relay import Relay
 from relay.runtime.wakeup import Listener, listener_for
 from relay.store.sql_store import open_store
-from tests.conftest import PG_ADMIN_URL, Broker, RelayFactory, wait_until
+from tests.support.broker import Broker
+from tests.support.db import PG_ADMIN_URL
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -31,9 +31,11 @@ from sqlalchemy import Engine
 import outbox
 from relay.amqp.publisher import Publisher
 from relay.runtime.telemetry import Telemetry
-from tests.conftest import AMQP_URL, Broker, RelayFactory, amqp_connection, wait_until
-from tests.e2e.test_cli import environment
 from tests.e2e.test_telemetry_cli import json_documents
+from tests.support.broker import AMQP_URL, Broker, amqp_connection
+from tests.support.cli import environment
+from tests.support.relays import RelayFactory
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

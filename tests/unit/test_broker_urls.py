@@ -17,7 +17,7 @@ from relay.core.urls import node_name, redact, secrets_of, split_urls
 from relay.errors import ConfigError
 from relay.runtime.logs import one_line
 from relay.runtime.urls import parse_amqp_url
-from tests.tlsproxy import Certificates, make_certificates
+from tests.support.tls import Certificates, make_certificates
 
 A = "amqps://relay:pw-a@node-a.example:5671/orders"
 B = "amqps://relay:pw-b@node-b.example/orders"
