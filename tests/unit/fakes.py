@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Callable, Hashable, Sequence
@@ -21,14 +22,26 @@ EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 @dataclass
 class Row:
-    claimed: Claimed
+    claimed: Claimed  # as added; a claim hands out a copy with the row's current values
     state: str = "pending"
-    due: bool = True  # False after a release with a delay: not claimable in this test's time
     token: uuid.UUID | None = None
     error: str | None = None
     burned: int = 0  # failures that counted against max_attempts
     released: int = 0  # times given back unsent
     abandoned: int = 0  # times given up by a crashing relay
+    available_at: dt.datetime = EPOCH  # claimable from then on
+    attempts: int = 0  # claims charged so far (a claim counts the one it starts)
+    lease_expires: dt.datetime | None = None
+    suspect: bool = False  # its last lease ended unsettled (see relay/ports.py, Claimed)
+
+    @classmethod
+    def of(cls, claimed: Claimed) -> Row:
+        return cls(
+            claimed,
+            available_at=claimed.available_at,
+            attempts=claimed.attempts - 1,
+            suspect=claimed.suspect,
+        )
 
 
 def make_claimed(seq: int, **overrides: object) -> Claimed:
@@ -53,13 +66,24 @@ def make_claimed(seq: int, **overrides: object) -> Claimed:
     return Claimed(**fields)  # type: ignore[arg-type]
 
 
+# The states of an earlier message of its key that keep a keyed message waiting (dead_key="hold",
+# the default; relay/store/common.py, BLOCKING_HOLD).
+BLOCKING = ("pending", "in_flight", "dead")
+
+
 @dataclass
 class FakeStore:
+    """An in-memory Store that keeps the real stores' contract
+    (tests/contract/test_store_contract.py runs the same tests on it and on them): claim order,
+    per-key heads and runs, lease guards, due times by `now`, lease expiry. Not modelled: crash
+    isolation beyond "suspects are claimed apart" (no solitary step, no attempt charged on
+    reclaim), attempt records, parking, retention."""
+
     rows: dict[int, Row] = field(default_factory=dict)
     fail_next: list[str] = field(default_factory=list)  # operation names that raise once
     history: list[tuple[int, str, str]] = field(default_factory=list)
     resource_rows: dict[str, ResourceRow] = field(default_factory=dict)
-    now: dt.datetime = EPOCH  # the shared clock the resource transitions see
+    now: dt.datetime = EPOCH  # the store's clock: due times, leases, resource transitions
     alive: dict[str, dt.datetime] = field(default_factory=dict)
     runs: dict[str, dt.datetime] = field(default_factory=dict)  # relay id -> its run's start
     runs_asked: list[int] = field(default_factory=list)  # each claim's `run`
@@ -67,7 +91,7 @@ class FakeStore:
 
     def add(self, *claimed: Claimed) -> None:
         for c in claimed:
-            self.rows[c.seq] = Row(c)
+            self.rows[c.seq] = Row.of(c)
 
     def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
         return 0
@@ -76,6 +100,49 @@ class FakeStore:
         if op in self.fail_next:
             self.fail_next.remove(op)
             raise DatabaseUnavailable(f"{op}: database is down (fake)")
+
+    def _due(self, row: Row) -> bool:
+        return row.state == "pending" and row.available_at <= self.now
+
+    def _line(self, key: str) -> list[Row]:
+        """The key's messages in seq order."""
+        return sorted((r for r in self.rows.values() if r.claimed.key == key), key=_seq)
+
+    def _is_head(self, row: Row) -> bool:
+        """Nothing earlier of its key is unfinished, or dead (it holds the key)."""
+        key = row.claimed.key
+        return key is None or not any(
+            r.claimed.seq < row.claimed.seq and r.state in BLOCKING for r in self._line(key)
+        )
+
+    def _lease(self, rows: list[Row], token: uuid.UUID, lease_seconds: float) -> list[Claimed]:
+        for r in rows:
+            r.state, r.token, r.attempts = "in_flight", token, r.attempts + 1
+            r.lease_expires = self.now + dt.timedelta(seconds=lease_seconds)
+        return [
+            dataclasses.replace(
+                r.claimed, attempts=r.attempts, available_at=r.available_at, suspect=r.suspect
+            )
+            for r in rows
+        ]
+
+    def _follow(
+        self, head: Row, run: int, exclude: Sequence[str], only: str | None = None
+    ) -> list[Row]:
+        """Up to `run` messages after `head` in its key's line (its unfinished or dead ones),
+        the prefix that is ready: pending, due, never leased unsettled, not excluded."""
+        key = head.claimed.key
+        assert key is not None
+        behind = [
+            r for r in self._line(key) if r.claimed.seq > head.claimed.seq and r.state in BLOCKING
+        ][:run]
+        taken: list[Row] = []
+        for r in behind:
+            part = r.claimed.exchange
+            if not self._due(r) or r.suspect or part in exclude or only not in (None, part):
+                break
+            taken.append(r)
+        return taken
 
     def claim(
         self,
@@ -91,31 +158,25 @@ class FakeStore:
     ) -> list[Claimed]:
         self._maybe_fail("claim")
         self.runs_asked.append(run)
-        ready = [
-            r
-            for r in self.rows.values()
-            if r.state == "pending"
-            and r.due
-            and r.claimed.exchange not in exclude
-            and (only is None or r.claimed.exchange == only)
-            and self._in_key_order(r)
-        ][:limit]
-        if run > 0:  # as the store: a key's head and at most `run` behind it
-            taken: dict[str, int] = {}
-            kept = []
-            for r in ready:
-                key = r.claimed.key
-                if key is not None:
-                    taken[key] = taken.get(key, 0) + 1
-                    if taken[key] > run + 1:
-                        continue
-                kept.append(r)
-            ready = kept
-        suspects = [r for r in ready if r.claimed.suspect]
-        ready = suspects[:suspect_group] or ready  # suspects are claimed apart, as in the store
-        for r in ready:
-            r.state, r.token = "in_flight", token
-        return [r.claimed for r in ready]
+        ready = sorted(
+            (
+                r
+                for r in self.rows.values()
+                if self._due(r)
+                and r.claimed.exchange not in exclude
+                and (only is None or r.claimed.exchange == only)
+                and self._is_head(r)
+            ),
+            key=_claim_order,
+        )[:limit]
+        suspects = [r for r in ready if r.suspect][: max(1, suspect_group)]
+        chosen = suspects or ready  # suspects are claimed apart, as in the store
+        if run > 0 and not suspects:  # a run behind each keyed head, `limit` more at most
+            extra: list[Row] = []
+            for head in [r for r in chosen if r.claimed.key is not None]:
+                extra += self._follow(head, run, exclude, only)
+            chosen = chosen + extra[:limit]
+        return sorted(self._lease(chosen, token, lease_seconds), key=_claimed_order)
 
     def claim_run(
         self,
@@ -131,67 +192,44 @@ class FakeStore:
         one of the key is `token`'s in flight; the prefix that is pending and due."""
         self._maybe_fail("claim_run")
         self.runs_extended.append(after)
-        key = self.rows[after].claimed.key if after in self.rows else None
-        if key is None:
+        row = self.rows.get(after)
+        if row is None or row.claimed.key is None or limit <= 0:
             return []
-        line = sorted(
-            (r for r in self.rows.values() if r.claimed.key == key),
-            key=lambda r: r.claimed.seq,
-        )
         if any(
-            r.state in ("pending", "dead") or (r.state == "in_flight" and r.token != token)
-            for r in line
+            r.state in BLOCKING and not (r.state == "in_flight" and r.token == token)
+            for r in self._line(row.claimed.key)
             if r.claimed.seq <= after
         ):
             return []
-        run: list[Row] = []
-        for r in line:
-            if r.claimed.seq <= after or r.state not in ("pending", "in_flight", "dead"):
-                continue
-            if len(run) == limit:
-                break
-            ok = r.state == "pending" and r.due and r.claimed.exchange not in exclude
-            if not ok or r.claimed.suspect:
-                break
-            run.append(r)
-        for r in run:
-            r.state, r.token = "in_flight", token
-        return [r.claimed for r in run]
-
-    def _in_key_order(self, row: Row) -> bool:
-        """Per-key order, as the store keeps it: nothing earlier of its key is in flight, or
-        pending and not claimable now, nor dead (dead_key="hold"); the fake claims a key's whole
-        line at once, an unlimited run."""
-        key = row.claimed.key
-        return key is None or not any(
-            r.claimed.key == key
-            and r.claimed.seq < row.claimed.seq
-            and (r.state in ("in_flight", "dead") or (r.state == "pending" and not r.due))
-            for r in self.rows.values()
-        )
+        return self._lease(self._follow(row, limit, exclude), token, lease_seconds)
 
     def _guarded(self, token: uuid.UUID, seqs: Sequence[int]) -> list[Row]:
-        return [
-            self.rows[s]
-            for s in seqs
-            if self.rows[s].token == token and self.rows[s].state == "in_flight"
-        ]
+        """The rows of `seqs` still leased to `token` (a stale token changes nothing)."""
+        rows = (self.rows.get(s) for s in seqs)
+        return [r for r in rows if r is not None and r.token == token and r.state == "in_flight"]
+
+    def _end_lease(self, row: Row, state: str) -> None:
+        row.state, row.token, row.lease_expires = state, None, None
 
     def mark_published(self, token: uuid.UUID, seqs: Sequence[int]) -> int:
         self._maybe_fail("mark")
         rows = self._guarded(token, seqs)
         for r in rows:
-            r.state, r.token = "published", None
+            self._end_lease(r, "published")
+            r.error, r.suspect = None, False
         return len(rows)
 
     def release(
         self, token: uuid.UUID, seqs: Sequence[int], *, delay_seconds: float, error: str
     ) -> int:
+        """Back to pending unsent, due after `delay_seconds`, the attempt not charged."""
         self._maybe_fail("release")
         rows = self._guarded(token, seqs)
         for r in rows:
-            r.state, r.token, r.error = "pending", None, error
-            r.due = delay_seconds <= 0
+            self._end_lease(r, "pending")
+            r.error = error
+            r.available_at = self.now + dt.timedelta(seconds=delay_seconds)
+            r.attempts = max(r.attempts - 1, 0)
             r.released += 1
         return len(rows)
 
@@ -201,9 +239,15 @@ class FakeStore:
         self._maybe_fail("abandon")
         rows = [r for r in self.rows.values() if r.token == token and r.state == "in_flight"]
         for r in rows:
-            r.state, r.token, r.error = "pending", None, error
+            self._take_back(r)
+            r.error = error
             r.abandoned += 1
         return len(rows)
+
+    def _take_back(self, row: Row) -> None:
+        """A lease ended unsettled: pending again, as a suspect, the attempt not charged."""
+        row.state, row.token, row.suspect = "pending", None, True
+        row.attempts = max(row.attempts - 1, 0)
 
     def settle_failures(
         self, token: uuid.UUID, decisions: Sequence[Retry | Dead], *, relay_id: str
@@ -216,12 +260,16 @@ class FakeStore:
                 continue
             row = rows[0]
             changed += 1
-            row.token = None
             if isinstance(d, Dead):
-                row.state, row.error = "dead", d.reason
+                self._end_lease(row, "dead")
+                row.error = d.reason
             else:
-                row.state, row.error, row.due = "pending", d.failure.detail, False
-                row.burned += 1 if d.burn else 0
+                self._end_lease(row, "pending")
+                row.error, row.available_at = d.failure.detail, d.at
+                if d.burn:
+                    row.burned += 1
+                else:
+                    row.attempts -= 1  # a failure that does not count gives the attempt back
             self.history.append((d.seq, relay_id, type(d).__name__))
         return changed
 
@@ -229,16 +277,23 @@ class FakeStore:
         return 0
 
     def extend_leases(self, tokens: Sequence[uuid.UUID], lease_seconds: float) -> int:
-        return 0
+        rows = [r for r in self.rows.values() if r.state == "in_flight" and r.token in tokens]
+        for r in rows:
+            r.lease_expires = self.now + dt.timedelta(seconds=lease_seconds)
+        return len(rows)
 
     def reclaim_expired(self, *, relay_id: str = "", max_attempts: int = 10) -> int:
-        return 0
+        rows = [
+            r
+            for r in self.rows.values()
+            if r.state == "in_flight" and r.lease_expires is not None and r.lease_expires < self.now
+        ]
+        for r in rows:
+            self._take_back(r)
+        return len(rows)
 
     def has_ready(self, part: str) -> bool:
-        return any(
-            r.state == "pending" and r.due and r.claimed.exchange == part
-            for r in self.rows.values()
-        )
+        return any(self._due(r) and r.claimed.exchange == part for r in self.rows.values())
 
     def heartbeat(self, relay_id: str) -> None:
         self.alive[relay_id] = self.now
@@ -290,7 +345,8 @@ class FakeStore:
         by_state: dict[str, int] = {}
         for r in self.rows.values():
             by_state[r.state] = by_state.get(r.state, 0) + 1
-        return StateCounts(by_state, by_state.get("pending", 0), 0, None)
+        ready = sum(1 for r in self.rows.values() if self._due(r))
+        return StateCounts(by_state, ready, by_state.get("pending", 0) - ready, None)
 
     def ping(self) -> None:
         pass
@@ -300,6 +356,19 @@ class FakeStore:
 
     def states(self) -> dict[int, str]:
         return {seq: r.state for seq, r in self.rows.items()}
+
+
+def _seq(row: Row) -> int:
+    return row.claimed.seq
+
+
+def _claim_order(row: Row) -> tuple[int, dt.datetime, int]:
+    """Highest priority first, then the longest due, then enqueue order."""
+    return (-row.claimed.priority, row.available_at, row.claimed.seq)
+
+
+def _claimed_order(c: Claimed) -> tuple[int, dt.datetime, int]:
+    return (-c.priority, c.available_at, c.seq)
 
 
 def _as_chain(done: Done, chain: Hashable, broken: set[Hashable]) -> Done:

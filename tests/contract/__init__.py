@@ -1,0 +1,1 @@
+"""One contract, run on every Store: the in-memory fake and the real stores."""
