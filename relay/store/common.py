@@ -76,15 +76,7 @@ RESOURCE_PARTS: Mapping[str, str] = {
     "routing_key": "exchange || '/' || routing_key",  # finest: each exchange + routing key
 }
 
-# The texts below are common.sql's, for the dialects that still fill them with str.format (their
-# {now}, {minute}, {state_in} and {failed_at}), and for counting.py.
-ENSURE_RESOURCE = _SQL.text("ensure_resource")
-RESOURCE_COLUMNS = _SQL.text("resource_columns")
-LIST_RESOURCES = _SQL.text("list_resources")
-UPDATE_RESOURCE = _SQL.text("update_resource")
-FORGET_RELAY = _SQL.text("forget_relay")
-BEAT = _SQL.text("beat", {"now": "{now}"})
-PING = _SQL.text("ping")
+# common.sql's counting statements, for counting.py.
 PENDING_PARTS: tuple[str, ...] = tuple(
     _SQL.text(part) for part in ("pending_unkeyed", "pending_keyed", "pending_parked")
 )
@@ -92,6 +84,3 @@ COUNT_OPEN = _SQL.text("count_open")
 COUNT_SETTLED = _SQL.text("count_settled")
 EXCHANGE_OPEN = _SQL.text("exchange_open")
 EXCHANGE_SETTLED = _SQL.text("exchange_settled")
-PUBLISHED_PER_MINUTE = _SQL.text("published_per_minute", {"published_minute": "{minute}"})
-FAILED_PER_MINUTE = _SQL.text("failed_per_minute", {"failed_minute": "{minute}"})
-ELIGIBLE = _SQL.text("eligible", {"eligible_states": "{state_in}", "failed_at": "{failed_at}"})

@@ -191,51 +191,6 @@ class Statements:
     count_eligible: Compiled  # (states, cutoff, cutoff_id, after_id) -> count
     ping: Compiled
 
-    @classmethod
-    def compile(
-        cls,
-        *,
-        blocking: str,
-        has_ready: str,
-        release: str,
-        extend_leases: str,
-        lock_resource: str,
-        heartbeat: str,
-        relays: str,
-        pending_summary: str,
-        count_eligible: str,
-        unpark_sweep: str,
-        ensure_resource: str = common.ENSURE_RESOURCE,
-        lists: Collection[str] = (),
-    ) -> Statements:
-        """A dialect's own texts compiled, beside the texts every dialect shares (common.py);
-        a dialect whose SQL differs passes its own `ensure_resource` and `unpark_sweep`, and
-        the list binds it expands (`lists`)."""
-
-        def sql(text: str, columns: Mapping[str, TypeEngine[Any]] | None = None) -> Compiled:
-            return compile_sql(text, columns, lists=lists)
-
-        # The shared texts bind no list, and one name means a number there: a bucket's
-        # `:tokens` (UPDATE_RESOURCE), not extend_leases' list of lease tokens.
-        shared = compile_sql
-
-        return cls(
-            has_ready=sql(has_ready),
-            release=sql(release),
-            extend_leases=sql(extend_leases),
-            unpark_sweep=sql(unpark_sweep),
-            resources=shared(common.LIST_RESOURCES, RESOURCE_COLUMNS),
-            ensure_resource=sql(ensure_resource),
-            lock_resource=sql(lock_resource, LOCKED_RESOURCE_COLUMNS),
-            update_resource=shared(common.UPDATE_RESOURCE),
-            heartbeat=sql(heartbeat),
-            forget_relay=shared(common.FORGET_RELAY),
-            relays=sql(relays, RELAY_COLUMNS),
-            pending_summary=sql(pending_summary),
-            count_eligible=sql(count_eligible),
-            ping=shared(common.PING),
-        )
-
 
 # SqlStore's statements (Statements' fields) in every dialect: the block of the same name, with
 # these result columns. The resource and relay rows' statements of common.sql bind no list, and one

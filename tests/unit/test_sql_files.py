@@ -27,7 +27,7 @@ from relay.store.dialect import STATEMENTS, Compiled, Dialect, Query, Statements
 
 BEFORE = Path(__file__).with_name("sql_before.json")
 # The dialects whose statements are built from .sql files.
-CONVERTED = ("postgresql", "sqlite")
+CONVERTED = tuple(DIALECTS)
 
 
 def normal(sql: str) -> str:

@@ -81,6 +81,7 @@ def test_sqlite_reads_its_clock_only_through_now() -> None:
 
 POSTGRES = every_statement(dialect_for("postgresql"))
 SQLITE = every_statement(dialect_for("sqlite"))
+MYSQL = every_statement(dialect_for("mysql"))
 
 
 @pytest.mark.parametrize(
@@ -92,10 +93,10 @@ SQLITE = every_statement(dialect_for("sqlite"))
         SQLITE["_mark"],
         SQLITE["release"],
         SQLITE["_settle_one"],
-        mysql.MARK_PUBLISHED,
-        mysql.RELEASE,
-        mysql.HELD,  # SETTLE_ONE then changes only the rows this read found and locked
-        mysql.KEYS_OF,
+        MYSQL["_mark"],
+        MYSQL["release"],
+        MYSQL["_held"],  # settle_one then changes only the rows this read found and locked
+        MYSQL["_keys_of"],
     ],
 )
 def test_every_settlement_is_guarded_by_the_lease(sql: str) -> None:
@@ -114,7 +115,7 @@ def test_mysql_skips_rows_another_relay_has_locked_and_reads_them_in_index_order
     statements = every_statement(dialect_for("mariadb"))
     for name in ("_candidates", "_reclaimable", "_abandonable", "_doomed"):
         assert "FOR UPDATE SKIP LOCKED" in statements[name], name
-    assert "FOR UPDATE" in mysql.LOCK_RESOURCE
+    assert "FOR UPDATE" in MYSQL["lock_resource"]
     assert "FORCE INDEX (outbox_message_claim_idx)" in statements["_candidates"]
     # The head probe: one index probe per blocking state, never a scan of the key's rows.
     hold = statements["_heads"]

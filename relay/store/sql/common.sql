@@ -19,14 +19,11 @@
 
 -- ------------------------------------------------------------------------ resources
 
--- ensure_resource --
+-- resource_columns --
 -- The shared rows of circuits and rate-limit buckets (outbox_resource). A relay changes one in a
--- short transaction: ensure_resource, then the dialect's lock_resource (which reads it under a
+-- short transaction: the dialect's ensure_resource, then its lock_resource (which reads it under a
 -- lock, with the database's time), a pure transition (relay/core/circuit.py, bucket.py), then
 -- update_resource with every column.
-INSERT INTO outbox_resource (resource) VALUES (:resource) ON CONFLICT DO NOTHING
-
--- resource_columns --
 resource, state, failures, opens, open_until, probe_owner, probe_until,
        last_error, changed_at, tokens, tokens_at
 

@@ -438,6 +438,10 @@ ARRAY(SELECT relay_id FROM dead ORDER BY relay_id), {{reclaimed_count}}
 
 -- ------------------------------------------------------------------------ resources, relays
 
+-- ensure_resource --
+-- A resource's row, made the first time a relay changes it (common.sql, resource_columns).
+INSERT INTO outbox_resource (resource) VALUES (:resource) ON CONFLICT DO NOTHING
+
 -- lock_resource --
 -- The resource row under a row lock (inside Dialect.transaction), with the time its transition
 -- is computed at: the database's, read in the same statement.

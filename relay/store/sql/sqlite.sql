@@ -258,6 +258,10 @@ DELETE FROM outbox_relay WHERE relay_id IN (SELECT value FROM json_each(:relays)
 
 -- ------------------------------------------------------------------------ resources, relays
 
+-- ensure_resource --
+-- A resource's row, made the first time a relay changes it (common.sql, resource_columns).
+INSERT INTO outbox_resource (resource) VALUES (:resource) ON CONFLICT DO NOTHING
+
 -- lock_resource --
 -- No FOR UPDATE in SQLite: the write lock BEGIN IMMEDIATE took (Dialect.transaction) covers it.
 SELECT {{resource_columns}}, {{now}} AS now
