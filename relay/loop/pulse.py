@@ -1,5 +1,5 @@
 """The relay's heartbeat, and the other relays': who is alive decides whose leases are taken back
-early (relay/store/common.py, LIVENESS).
+early (relay/store/sql/common.sql, beat).
 
 A thread of its own beats every `heartbeat_interval` seconds, whatever the loop is doing (a long
 claim or settlement does not stop it), and after each beat takes back the leases of every relay

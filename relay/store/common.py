@@ -40,7 +40,7 @@ ALONE = suspects.ALONE
 def reason_sql(template: str, **fields: str) -> str:
     """One of relay/core/suspects.py's reason templates as a SQL text expression (||): its
     literal parts quoted, each field the SQL expression given for it. So a statement that takes
-    leases back in SQL (postgres._RECLAIM) writes the core's text."""
+    leases back in SQL (postgres.sql's reclaim) writes the core's text."""
     parts: list[str] = []
     for literal, name, _, _ in string.Formatter().parse(template):
         if literal:

@@ -448,7 +448,8 @@ class Mariadb(Mysql):
 
 def _wanted(lines: Sequence[Sequence[tuple[int, bool]]], follow: int) -> list[list[int]]:
     """Per head, its run as read: the prefix of its line that is ready, cut where the lines'
-    rows, numbered in the heads' claim order, pass :follow (as postgres._CLAIM numbers them)."""
+    rows, numbered in the heads' claim order, pass :follow (as postgres.sql's claim numbers
+    them)."""
     wanted: list[list[int]] = []
     before = 0  # rows of the lines before this one, ready or not
     for line in lines:
