@@ -28,6 +28,7 @@ from relay.core.policy import Dead, Retry
 from relay.ports import Claimed, ResourceRow, Store
 from relay.store.sql_store import open_store
 from tests.support.db import DB_FIXTURES, make_app_engine
+from tests.support.templates import Templates
 from tests.unit.fakes import FakeStore, make_claimed
 
 pytestmark = pytest.mark.timeout(60)
@@ -124,7 +125,8 @@ def subject(request: pytest.FixtureRequest) -> Iterator[Subject]:
         return
     db_url = str(request.getfixturevalue(DB_FIXTURES[request.param]))
     engine = make_app_engine(db_url)
-    outbox.create_schema(engine)
+    templates: Templates = request.getfixturevalue("templates")
+    templates.migrate(engine)
     real = Real(db_url, engine)
     try:
         yield real

@@ -28,6 +28,7 @@ from relay.store.sql_store import open_store, translated
 from tests.support.broker import Broker
 from tests.support.db import make_app_engine
 from tests.support.relays import RelayFactory
+from tests.support.templates import Templates
 from tests.support.waiting import wait_until
 
 
@@ -36,9 +37,9 @@ def with_driver(url: str, drivername: str) -> str:
 
 
 @pytest.fixture
-def engine(mysql_url: str) -> Iterator[Engine]:
+def engine(mysql_url: str, templates: Templates) -> Iterator[Engine]:
     engine = make_app_engine(mysql_url)
-    outbox.create_schema(engine)
+    templates.migrate(engine)
     yield engine
     engine.dispose()
 

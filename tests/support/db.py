@@ -5,7 +5,8 @@
 - `mysql_url`: a fresh MariaDB database (`t_<random>`, utf8mb4), dropped at teardown.
 - `sqlite_url`: a SQLite file in the test's `tmp_path`.
 - `db_url`: each of the above, one after the other (for behaviour that must hold on all three).
-- `app_engine`: an application-side engine on `db_url` with the outbox schema created.
+- `app_engine`: an application-side engine on `db_url` with the outbox schema created (cloned
+  from one migrated once per session: tests/support/templates.py).
 
 When a server is not reachable, the tests that need it fail with one line saying so: a silently
 skipped integration suite would look green. OUTBOX_TEST_PG_URL and OUTBOX_TEST_MYSQL_URL point the
@@ -24,9 +25,9 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.engine import make_url
 
-import outbox
 from outbox.schema import message
 from relay.store.sql_store import SqlStore, open_store
+from tests.support.templates import Templates
 
 # A database the tests may create schemas in, and a server they may create databases in.
 PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
@@ -146,23 +147,32 @@ def make_app_engine(url: str) -> Engine:
     return create_engine(url, pool_size=3, max_overflow=2, connect_args={"connect_timeout": 5})
 
 
-def _migrated_app_engine(url: str) -> Iterator[Engine]:
+@pytest.fixture(scope="session")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Templates]:
+    """The outbox schema migrated once (per xdist worker), to clone into each test's database."""
+    made = Templates(tmp_path_factory.mktemp("templates"))
+    yield made
+    made.close()
+
+
+def _migrated_app_engine(url: str, templates: Templates) -> Iterator[Engine]:
     engine = make_app_engine(url)
-    outbox.create_schema(engine)
+    templates.migrate(engine)
     yield engine
     engine.dispose()
 
 
 @pytest.fixture
-def app_engine(db_url: str) -> Iterator[Engine]:
-    """The application's engine on `db_url`, with `outbox.create_schema` applied."""
-    yield from _migrated_app_engine(db_url)
+def app_engine(db_url: str, templates: Templates) -> Iterator[Engine]:
+    """The application's engine on `db_url`, with the outbox schema as `outbox.create_schema`
+    makes it."""
+    yield from _migrated_app_engine(db_url, templates)
 
 
 @pytest.fixture
-def pg_engine(pg_url: str) -> Iterator[Engine]:
+def pg_engine(pg_url: str, templates: Templates) -> Iterator[Engine]:
     """Like `app_engine`, on PostgreSQL only (for behaviour only PostgreSQL has)."""
-    yield from _migrated_app_engine(pg_url)
+    yield from _migrated_app_engine(pg_url, templates)
 
 
 @pytest.fixture
