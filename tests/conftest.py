@@ -3,7 +3,8 @@ RabbitMQ. Every test gets things of its own and removes them afterwards; nothing
 a test did not create. The fixtures live in tests/support/, one module per concern:
 
 - tests/support/db.py: `pg_url`, `mysql_url`, `sqlite_url`, `db_url` (each of the three),
-  `app_engine`, `pg_engine`, `store`;
+  `app_engine`, `pg_engine`, `store` (the outbox schema cloned from `templates`, a schema migrated
+  once per session: tests/support/templates.py);
 - tests/support/broker.py: `amqp_url`, `broker` (a destination of the test's own, and a consumer);
 - tests/support/relays.py: `relay_factory` (in-process relays, in a thread or driven by hand).
 
