@@ -155,7 +155,10 @@ def test_writing_refusals_named_on_the_page(pg_engine: Engine) -> None:
         with pytest.raises(outbox.InvalidDestination):
             outbox.enqueue(session, exchange="", routing_key="", payload={})
         assert enqueued(session) == []
-    assert not hasattr(outbox, "UnsupportedDatabase")
+    # Every error the page names is importable from outbox, as the page says.
+    assert outbox.UnsupportedDatabase is UnsupportedDatabase
+    assert outbox.PayloadTooDeep is PayloadTooDeep
+    assert outbox.HeadersTooLarge is HeadersTooLarge
     assert issubclass(UnsupportedDatabase, outbox.OutboxError)
 
 
