@@ -38,7 +38,8 @@ from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError, Sche
 from relay.runtime.message_rows import jsonable
 from relay.store import admin
 from relay.store import grants as store_grants
-from relay.store.sql_store import SqlStore, translated
+from relay.store.boundary import translated
+from relay.store.sql_store import SqlStore
 
 log = logging.getLogger("relay")
 

@@ -27,7 +27,8 @@ from relay.errors import PermissionDenied, RelayError
 from relay.loop.observer import ALIVE_WITHIN
 from relay.ports import ResourceRow, StateCounts
 from relay.store import admin
-from relay.store.sql_store import SqlStore, translated
+from relay.store.boundary import translated
+from relay.store.sql_store import SqlStore
 
 log = logging.getLogger("relay")
 

@@ -15,7 +15,8 @@ from relay.console.app import MAX_BODY, SECURITY_HEADERS, Console, Request, Resp
 from relay.console.auth import Gate, is_loopback
 from relay.console.monitor import Monitor
 from relay.errors import PermissionDenied, SchemaNotFound
-from relay.store.sql_store import SqlStore, make_engine, open_store
+from relay.store.engines import make_engine
+from relay.store.sql_store import SqlStore, open_store
 
 # The console's own budgets (seconds): a page's queries are index scans, but a count over a
 # large filter may take a while; none should hold a connection for ever.

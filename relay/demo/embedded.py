@@ -28,7 +28,8 @@ from relay.demo.services import declare, order_table, tracer_provider, write_ord
 from relay.loop.wiring import wire_relay
 from relay.runtime.config import RelayConfig
 from relay.runtime.telemetry import Telemetry, setup
-from relay.store.sql_store import make_engine, open_store
+from relay.store.engines import make_engine
+from relay.store.sql_store import open_store
 
 log = logging.getLogger("relay.demo")
 

@@ -123,7 +123,7 @@ def run_producer(
     queue: str = QUEUE,
     tls: TlsOptions | None = None,
 ) -> int:
-    from relay.store.sql_store import make_engine
+    from relay.store.engines import make_engine
 
     telemetry = setup(prometheus=False)
     provider = tracer_provider(telemetry)
@@ -151,7 +151,7 @@ def run_consumer(
     queue: str = QUEUE,
     tls: TlsOptions | None = None,
 ) -> int:
-    from relay.store.sql_store import make_engine
+    from relay.store.engines import make_engine
 
     telemetry = setup(prometheus=False)
     provider = tracer_provider(telemetry)

@@ -1,8 +1,7 @@
-"""The relay's store: one SqlStore that runs its database's Dialect and turns rows into values.
+"""The relay's store: one SqlStore that runs its database's Dialect and turns rows into values,
+and open_store, which builds one.
 
-Driver errors are translated here and nowhere else (`translated`; SqlStore and command_engine run
-behind it): into DatabaseUnavailable when waiting may help, SchemaNotFound when the tables are
-missing.
+Every statement runs behind boundary.translated, the one place driver errors become the relay's.
 """
 
 from __future__ import annotations
@@ -14,24 +13,28 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import URL, Connection, Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
 
-from outbox.dberrors import sqlstate_of
-from outbox.encoding import load_stored_json
 from outbox.migrate import current_version, inspect_schema
-from outbox.schema import is_missing_table
 from outbox.shape import Shape
 from relay.core.bucket import Bucket
 from relay.core.circuit import Circuit, CircuitState
 from relay.core.policy import Dead, Retry
 from relay.core.retention import RetentionPolicy
-from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError, SchemaNotFound
+from relay.errors import DatabaseUnavailable, PermissionDenied
 from relay.ports import Claimed, ResourceRow, RetentionFailed, StateCounts, T
 from relay.store import counting, retention
+from relay.store.boundary import first_line, translated
 from relay.store.common import ALONE, GROUPED, SOLITARY
-from relay.store.databases import DIALECTS, database_url, dialect_for, driver_arguments
+from relay.store.databases import dialect_for
+from relay.store.engines import (
+    POOL_TIMEOUT,
+    SIDE_POOL_TIMEOUT,
+    SIDE_STATEMENT_TIMEOUT,
+    STATEMENT_TIMEOUT,
+    make_engine,
+)
 
 ERROR_MAX = 2000  # characters of error text kept per attempt
 
@@ -347,7 +350,7 @@ class SqlStore:
         except SQLAlchemyError as exc:
             # Housekeeping only: whatever the database says (a lock timeout, a constraint, a
             # corrupt page on SQLite), it must not stop the relay. Said once, tried again later.
-            raise RetentionFailed(_first_line(exc)) from exc
+            raise RetentionFailed(first_line(exc)) from exc
 
     def counts(self) -> StateCounts:
         """Messages by state: exact through the partial indexes, published and cancelled
@@ -429,156 +432,6 @@ def _settlement(decision: Retry | Dead) -> dict[str, Any]:
         "outcome": decision.kind,
         "error": error[:ERROR_MAX],
     }
-
-
-# --------------------------------------------------------------------------- the error boundary
-
-
-def translate_db_error(engine: Engine, exc: DBAPIError) -> RelayError | None:
-    """The relay's error for a driver error, or None when it should propagate as it is.
-
-    Transient errors (connection lost or refused, server starting or shutting down, serialization
-    failure, deadlock; each dialect says which, PostgreSQL by SQLSTATE, never by message text)
-    become DatabaseUnavailable, which the relay loop waits out and retries; anything else is a
-    bug or a broken schema and propagates.
-    """
-    if is_missing_table(exc):
-        return SchemaNotFound(
-            "the outbox tables do not exist in this database: run `outbox-relay migrate`"
-        )
-    if sqlstate_of(exc.orig) == "42501":  # insufficient_privilege
-        # A role without a grant it needs (relay/store/grants.py); the CLI names which.
-        return PermissionDenied(_first_line(exc))
-    if DIALECTS[engine.dialect.name].is_transient(exc) or exc.connection_invalidated:
-        return DatabaseUnavailable(_describe(engine, exc))
-    return None
-
-
-@contextmanager
-def translated(engine: Engine) -> Iterator[None]:
-    """Run a block against `engine` with its driver errors translated (translate_db_error)."""
-    try:
-        yield
-    except DBAPIError as exc:
-        relay_error = translate_db_error(engine, exc)
-        if relay_error is not None:
-            raise relay_error from exc
-        raise
-    except PoolTimeout as exc:
-        # Every pooled connection busy past the pool's timeout: the database is slow, not the
-        # statement wrong; the loop waits and retries as for an outage.
-        where = engine.url.render_as_string(hide_password=True)
-        raise DatabaseUnavailable(f"database {where}: no free connection ({exc})") from exc
-
-
-def _first_line(exc: SQLAlchemyError) -> str:
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _describe(engine: Engine, exc: DBAPIError) -> str:
-    first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-    sqlstate = sqlstate_of(exc.orig)
-    what = "is not reachable" if sqlstate is None or sqlstate.startswith("08") else "failed"
-    return f"database {engine.url.render_as_string(hide_password=True)} {what}: {first}"
-
-
-# --------------------------------------------------------------------------- opening one
-
-
-# Budgets, in seconds. The loop's statements are single-row or batched index scans that take
-# milliseconds: one still running after STATEMENT_TIMEOUT is stuck (a lock, an overloaded server)
-# and is better cancelled and retried. A pooled connection not free within POOL_TIMEOUT means
-# the same. The probes and gauges get their own, smaller budget (SIDE_*).
-STATEMENT_TIMEOUT = 30.0
-POOL_TIMEOUT = 10.0
-SIDE_STATEMENT_TIMEOUT = 10.0
-SIDE_POOL_TIMEOUT = 2.0
-
-
-def make_engine(
-    db_url: str,
-    *,
-    autocommit: bool = True,
-    pool_size: int = 3,
-    statement_timeout: float | None = None,
-    pool_timeout: float = 30.0,
-    relaxed_commit: bool = False,
-) -> Engine:
-    """An engine configured for the relay (autocommit: every statement is its own transaction).
-    `statement_timeout` (seconds; None: none) cancels a statement that runs longer, where the
-    database can (PostgreSQL); `pool_timeout` bounds the wait for a pooled connection."""
-    url, driver_args = driver_arguments(database_url(db_url))
-    dialect = DIALECTS[url.get_backend_name()]
-    options = dialect.engine_options(
-        pool_size=pool_size, statement_timeout=statement_timeout, pool_timeout=pool_timeout
-    )
-    if driver_args:
-        options["connect_args"] = {**options.get("connect_args", {}), **driver_args}
-    if autocommit:
-        options["isolation_level"] = "AUTOCOMMIT"
-    # A row's undecodable JSON becomes a value the wire refuses, not an error failing the claim.
-    engine = create_engine(url, json_deserializer=load_stored_json, **options)
-    timeout_sql = dialect.statement_timeout if statement_timeout is not None else None
-    relaxed_sql = dialect.relaxed_commit if relaxed_commit else None
-    # The loop's statements prepared on the server, on a direct connection only, unless the URL
-    # says otherwise (Dialect.prepare_direct).
-    prepare = dialect.prepare_direct if relaxed_commit and not driver_args else None
-    if dialect.on_connect or timeout_sql or relaxed_sql:
-        ms = str(max(1, round((statement_timeout or 0) * 1000)))
-
-        def session_settings(dbapi_conn: Any, _record: Any) -> None:
-            server_timeout = dialect.pooled(dbapi_conn)
-            if server_timeout is not None:
-                # A session setting would stay on the server connection for whichever client
-                # the pooler lends it to next, and the relay's next transaction would run on
-                # another: none is made (the server's own settings, per role, still apply).
-                _say_pooled(url, server_timeout)
-                if not dbapi_conn.autocommit:
-                    dbapi_conn.rollback()  # an open transaction would pin a server connection
-                return
-            cursor = dbapi_conn.cursor()
-            for statement in dialect.on_connect:
-                cursor.execute(statement)
-            if timeout_sql:
-                cursor.execute(dialect.timeout_sql(dbapi_conn) or timeout_sql, (ms,))
-            if relaxed_sql:
-                cursor.execute(relaxed_sql)
-            if prepare is not None:
-                dbapi_conn.prepare_threshold = prepare
-            cursor.close()
-
-        event.listen(engine, "connect", session_settings)
-    return engine
-
-
-_said_pooled: set[str] = set()  # databases whose pooler was reported (once per process each)
-
-
-def _say_pooled(url: URL, server_timeout: str) -> None:
-    where = url.render_as_string(hide_password=True)
-    if where in _said_pooled:
-        return
-    _said_pooled.add(where)
-    fields = {"db": where, "session_settings": "none", "statement_timeout": server_timeout}
-    if server_timeout == "0":
-        hint = "no statement timeout: set one on the relay's role (ALTER ROLE ... SET)"
-        log.warning("database.pooled", extra={**fields, "hint": hint})
-    else:
-        log.info("database.pooled", extra=fields)
-
-
-@contextmanager
-def command_engine(db_url: str) -> Iterator[Engine]:
-    """An engine for one operator command (its transactions as the command opens them), with
-    driver errors translated as the store's are; disposed at the end."""
-    engine = make_engine(db_url, autocommit=False, pool_size=1)
-    try:
-        with translated(engine):
-            yield engine
-    finally:
-        engine.dispose()
 
 
 def open_store(

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from relay.amqp.publisher import Publisher
 from relay.loop.wiring import wire_relay
 from relay.runtime.config import RelayConfig
-from relay.store.sql_store import SqlStore, make_engine
+from relay.store.engines import make_engine
+from relay.store.sql_store import SqlStore
 
 
 class CrashingStore(SqlStore):

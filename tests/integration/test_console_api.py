@@ -24,7 +24,8 @@ from relay.core import circuit
 from relay.core.circuit import CircuitSettings
 from relay.ports import ResourceRow
 from relay.store import admin
-from relay.store.sql_store import make_engine, open_store
+from relay.store.engines import make_engine
+from relay.store.sql_store import open_store
 from tests.integration import test_least_privilege
 from tests.integration.test_least_privilege import Roles
 from tests.support.broker import Broker

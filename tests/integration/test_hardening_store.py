@@ -15,7 +15,8 @@ from outbox.schema import message
 from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable
 from relay.ports import RetentionFailed
-from relay.store.sql_store import SqlStore, make_engine, open_store
+from relay.store.engines import make_engine
+from relay.store.sql_store import SqlStore, open_store
 from tests.integration.test_leases import enqueue_many
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

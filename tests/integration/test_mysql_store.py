@@ -24,7 +24,8 @@ from relay.core.bucket import Bucket
 from relay.errors import DatabaseUnavailable
 from relay.ports import ResourceRow
 from relay.store import admin
-from relay.store.sql_store import open_store, translated
+from relay.store.boundary import translated
+from relay.store.sql_store import open_store
 from tests.support.broker import Broker
 from tests.support.db import make_app_engine
 from tests.support.relays import RelayFactory

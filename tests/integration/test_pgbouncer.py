@@ -37,7 +37,8 @@ from relay.errors import ConfigError, DatabaseUnavailable
 from relay.runtime.urls import parse_db_url
 from relay.runtime.wakeup import Listener, listener_for
 from relay.store.databases import driver_arguments
-from relay.store.sql_store import SqlStore, make_engine, open_store
+from relay.store.engines import make_engine
+from relay.store.sql_store import SqlStore, open_store
 from tests.docs_blocks import block
 from tests.pgbouncer import Databases, PgBouncer, running
 from tests.support.broker import AMQP_URL, Broker

@@ -34,8 +34,9 @@ from relay.runtime.config import RelayConfig
 from relay.store import postgres, retention
 from relay.store.databases import dialect_for
 from relay.store.dialect import compile_sql
+from relay.store.engines import make_engine
 from relay.store.retention import run_retention_once
-from relay.store.sql_store import make_engine, open_store
+from relay.store.sql_store import open_store
 from tests.support.cli import cli as run_cli
 from tests.support.db import make_app_engine, pg_schema, states
 
