@@ -27,9 +27,10 @@ from outbox.schema import SCHEMA_VERSION
 from tests.support.broker import AMQP_URL
 from tests.support.waiting import wait_until
 
-# A fresh environment and two isolated builds take a minute or two (pip's cache helps); the pip
-# install is CPU-bound, so it never runs beside a full-speed drain (xdist_group "heavy").
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900), pytest.mark.xdist_group("heavy")]
+# A fresh environment and two isolated builds take a minute or two (pip's cache helps): built once
+# per session (a module fixture would be built again whenever its worker ran another module's test
+# in between), on a worker of its own ("wheel") rather than behind the full-speed drains ("heavy").
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900), pytest.mark.xdist_group("wheel")]
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -79,7 +80,7 @@ def run(*args: str | Path, cwd: Path, timeout: float = 600) -> None:
     assert done.returncode == 0, f"{args}\nstdout: {done.stdout[-3000:]}\nstderr: {done.stderr}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     tmp = tmp_path_factory.mktemp("wheel")
     dist, workdir = tmp / "dist", tmp / "work"
