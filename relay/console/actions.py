@@ -67,7 +67,7 @@ class Order:
     dry_run: bool = False
 
     def sentence(self, count: str, *, done: bool = False) -> str:
-        """'Reschedule 3 messages to 2026-11-23 14:00:00 UTC' (or 'Rescheduled ...')."""
+        """'Reschedule 3 messages to YYYY-MM-DD HH:MM:SS UTC' (or 'Rescheduled ...')."""
         head = self.action.past.capitalize() if done else self.action.verb
         if self.at is not None:
             return f"{head} {count} to {self.at:%Y-%m-%d %H:%M:%S} UTC"
