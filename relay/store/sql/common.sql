@@ -1,6 +1,7 @@
 -- The statements and fragments every dialect shares, written once. Read by relay/store/queries.py
 -- (the format and the {{name}} placeholder are described there). A statement here names a block
 -- each dialect's file defines where the databases write it apart: {{now}} (the time to use),
+-- {{leased}} (the lease guard), {{delayed}} (a time :delay_seconds from now),
 -- {{published_minute}} and {{failed_minute}} (a time's minute), {{eligible_states}} and
 -- {{failed_at}} (retention). Nothing here is a value: every value is bound.
 
@@ -16,6 +17,24 @@
 
 -- blocking_skip --
 'pending', 'in_flight'
+
+-- ------------------------------------------------------------------------ giving rows back
+
+-- release --
+-- Rows a relay gives back unsent (it is stopping before the broker confirmed them): pending again,
+-- due after :delay_seconds, so another relay may take them. The claim counted an attempt that never
+-- happened, so it is given back (never below zero). A suspect stays one (its lease_expires_at set)
+-- and one claimed alone stays solitary: relay/core/suspects.py's release, which
+-- tests/integration/test_suspects_match_core.py holds this to. {{leased}} is each dialect's lease
+-- guard, as in mark_published.
+UPDATE outbox_message
+SET state = 'pending',
+    available_at = {{delayed}},
+    attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
+    lease_expires_at = CASE WHEN last_error IN (:alone, :grouped) THEN {{now}} END,
+    last_error = CASE WHEN last_error = :alone THEN :solitary ELSE :error END,
+    lease_owner = NULL, lease_token = NULL
+WHERE {{leased}}
 
 -- ------------------------------------------------------------------------ resources
 

@@ -22,6 +22,13 @@
 -- now --
 coalesce(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
 
+-- leased --
+-- The lease guard: see postgres.sql.
+seq IN :seqs AND lease_token = :token AND state = 'in_flight'
+
+-- delayed --
+TIMESTAMPADD(MICROSECOND, ROUND(:delay_seconds * 1000000), {{now}})
+
 -- ------------------------------------------------------------------------ per-key order
 
 -- key_head_hold --
@@ -206,7 +213,7 @@ SET t.held = false
 -- The keyed rows about to be marked, locked, with their keys (read before mark_published clears
 -- their lease): mark_published then publishes exactly these.
 SELECT seq, `key` FROM outbox_message
-WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight' AND `key` IS NOT NULL
+WHERE {{leased}} AND `key` IS NOT NULL
 FOR UPDATE
 
 -- mark_published --
@@ -214,7 +221,7 @@ FOR UPDATE
 UPDATE outbox_message
 SET state = 'published', published_at = {{now}}, last_error = NULL,
     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight'
+WHERE {{leased}}
 
 -- unpark_next --
 -- Unparking, as postgres.sql's mark_published does, after mark_published in the same transaction
@@ -241,17 +248,6 @@ JOIN (
 SET t.held = false
 WHERE t.held AND t.state = 'pending'
 
--- release --
--- See postgres.sql.
-UPDATE outbox_message
-SET state = 'pending',
-    available_at = TIMESTAMPADD(MICROSECOND, ROUND(:delay_seconds * 1000000), {{now}}),
-    attempts = greatest(attempts - 1, 0),
-    lease_expires_at = CASE WHEN last_error IN (:alone, :grouped) THEN {{now}} END,
-    last_error = CASE WHEN last_error = :alone THEN :solitary ELSE :error END,
-    lease_owner = NULL, lease_token = NULL
-WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight'
-
 -- extend_leases --
 -- See postgres.sql. :tokens are UUIDs as stored (32 hex digits).
 UPDATE outbox_message
@@ -262,7 +258,7 @@ WHERE lease_token IN :tokens AND state = 'in_flight'
 -- Failed attempts (see postgres.sql's settle_failures): the rows this lease still holds, locked,
 -- then settle_one for each and one record_attempt for them all.
 SELECT seq, id, attempts FROM outbox_message
-WHERE seq IN :seqs AND lease_token = :token AND state = 'in_flight'
+WHERE {{leased}}
 FOR UPDATE
 
 -- settle_one --

@@ -29,6 +29,14 @@
 -- The time (common.sql's statements take it from here).
 coalesce(:now, now())
 
+-- leased --
+-- The lease guard: the rows of :seqs still in flight under :token (see mark_published).
+seq = ANY(CAST(:seqs AS bigint[])) AND lease_token = :token AND state = 'in_flight'
+
+-- delayed --
+-- :delay_seconds from now.
+{{now}} + make_interval(secs => :delay_seconds)
+
 -- ------------------------------------------------------------------------ claiming
 
 -- resource_filter --
@@ -278,7 +286,7 @@ WITH done AS (
     UPDATE outbox_message
     SET state = 'published', published_at = coalesce(:now, now()), last_error = NULL,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-    WHERE seq = ANY(CAST(:seqs AS bigint[])) AND lease_token = :token AND state = 'in_flight'
+    WHERE {{leased}}
     RETURNING key, seq
 ), nexts AS MATERIALIZED (
     SELECT k.key, n.seq
@@ -301,20 +309,6 @@ WITH done AS (
     RETURNING 1
 )
 SELECT count(*) FROM done
-
--- release --
--- Rows a relay gives back unsent (it is stopping before the broker confirmed them): pending again,
--- due after :delay_seconds, so another relay may take them. The claim counted an attempt that never
--- happened, so it is given back (never below zero). A suspect stays one, and one that was alone
--- stays solitary (relay/core/suspects.py). Lease-guarded like mark_published.
-UPDATE outbox_message
-SET state = 'pending',
-    available_at = coalesce(:now, now()) + make_interval(secs => :delay_seconds),
-    attempts = greatest(attempts - 1, 0),
-    lease_expires_at = CASE WHEN last_error IN (:alone, :grouped) THEN coalesce(:now, now()) END,
-    last_error = CASE WHEN last_error = :alone THEN :solitary ELSE :error END,
-    lease_owner = NULL, lease_token = NULL
-WHERE seq = ANY(CAST(:seqs AS bigint[])) AND lease_token = :token AND state = 'in_flight'
 
 -- extend_leases --
 -- A relay still working on its rows pushes their expiry back; one whose lease was taken over

@@ -22,6 +22,13 @@
 -- now --
 coalesce(:now, strftime('%Y-%m-%d %H:%M:%f000', 'now'))
 
+-- leased --
+-- The lease guard: see postgres.sql.
+seq IN (SELECT value FROM json_each(:seqs)) AND lease_token = :token AND state = 'in_flight'
+
+-- delayed --
+strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'), printf('%+.6f seconds', :delay_seconds))
+
 -- read_now --
 SELECT {{now}} AS now
 
@@ -158,8 +165,7 @@ WHERE seq IN (
 UPDATE outbox_message
 SET state = 'published', published_at = :now, last_error = NULL,
     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE seq IN (SELECT value FROM json_each(:seqs)) AND lease_token = :token
-  AND state = 'in_flight'
+WHERE {{leased}}
 RETURNING key, seq
 
 -- unpark_next --
@@ -177,19 +183,6 @@ WHERE u.seq IN (
             ORDER BY n.seq LIMIT 1)
     FROM json_each(:lasts) AS j JOIN outbox_message AS d ON d.seq = j.value
 ) AND u.state = 'pending' AND u.held AND {{key_head}}
-
--- release --
--- See postgres.sql.
-UPDATE outbox_message
-SET state = 'pending',
-    available_at = strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'),
-                            printf('%+.6f seconds', :delay_seconds)),
-    attempts = max(attempts - 1, 0),
-    lease_expires_at = CASE WHEN last_error IN (:alone, :grouped) THEN {{now}} END,
-    last_error = CASE WHEN last_error = :alone THEN :solitary ELSE :error END,
-    lease_owner = NULL, lease_token = NULL
-WHERE seq IN (SELECT value FROM json_each(:seqs)) AND lease_token = :token
-  AND state = 'in_flight'
 
 -- extend_leases --
 -- See postgres.sql. :tokens is a JSON array of UUIDs as SQLite stores them (hex).
