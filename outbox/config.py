@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,6 +34,9 @@ class LibrarySettings:
     notify: bool = True
     notify_rate: float = DEFAULT_NOTIFY_RATE
     notify_burst: int = DEFAULT_NOTIFY_BURST
+    # Called with each value of a JSON payload that outbox does not encode itself
+    # (outbox/jsonvalues.py); returns something that encodes.
+    json_default: Callable[[Any], Any] | None = None
 
 
 # Positive integer settings and their environment variables.
@@ -45,7 +49,7 @@ _LIMITS = {
 
 def _from_env() -> LibrarySettings:
     notify = os.environ.get("OUTBOX_NOTIFY", "1").lower() not in ("0", "false", "no")
-    limits: dict[str, int] = {}
+    limits: dict[str, Any] = {}
     for field, variable in _LIMITS.items():
         raw = os.environ.get(variable)
         if raw is None:
@@ -67,6 +71,14 @@ def settings() -> LibrarySettings:
     return _settings
 
 
+def reset() -> LibrarySettings:
+    """Put every setting back as the process started (environment included), json_default
+    removed; return them. For tests that configure and must leave nothing behind."""
+    global _settings
+    _settings = _from_env()
+    return _settings
+
+
 def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an integer")
@@ -83,6 +95,7 @@ def configure(
     notify: bool | None = None,
     notify_rate: float | None = None,
     notify_burst: int | None = None,
+    json_default: Callable[[Any], Any] | None = None,
 ) -> LibrarySettings:
     """Change the library's settings for this process; return the settings now in force.
 
@@ -108,12 +121,18 @@ def configure(
             polling often anyway.
         notify_burst: How many commits close together may each notify before the rate
             applies (default 10).
+        json_default: A function called with each value of a JSON payload that outbox does
+            not encode itself (it encodes `datetime`, `date`, `time`, `UUID`, `Decimal`, enums,
+            dataclasses and pydantic models); it returns something JSON can encode, or raises
+            `TypeError` to refuse it. A refused value raises `PayloadEncodingError`, naming
+            its type and where it is in the payload. It replaces the function set before;
+            `outbox.config.reset()` removes it.
 
     Returns:
         The settings in force after the change.
 
     Raises:
-        TypeError: A value has the wrong type.
+        TypeError: A value has the wrong type (json_default is not callable).
         ValueError: A limit or rate is not positive.
     """
     global _settings
@@ -136,5 +155,11 @@ def configure(
         changes["notify_rate"] = float(notify_rate)
     if notify_burst is not None:
         changes["notify_burst"] = _positive("notify_burst", notify_burst)
+    if json_default is not None:
+        if not callable(json_default):
+            raise TypeError(
+                f"json_default must be a function of one value, not {type(json_default).__name__}"
+            )
+        changes["json_default"] = json_default
     _settings = replace(_settings, **changes)
     return _settings

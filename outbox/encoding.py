@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from outbox import jsonvalues
 from outbox.errors import (
     HeadersTooLarge,
     InvalidDestination,
@@ -46,8 +47,26 @@ HeaderValue = str | int | float | bool
 INT32_TABLE = range(-(2**31), 2**31)
 
 
-# json.dumps with these options would build an encoder per call: one, made once, does the same.
-_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+def _json_encoder(extra: jsonvalues.JsonDefault | None) -> json.JSONEncoder:
+    return json.JSONEncoder(
+        separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=jsonvalues.hook(extra)
+    )
+
+
+# json.dumps with these options would build an encoder per call: one, made once per configured
+# json_default, does the same.
+_JSON = _json_encoder(None)
+_configured: tuple[jsonvalues.JsonDefault, json.JSONEncoder] | None = None
+
+
+def _encoder(extra: jsonvalues.JsonDefault | None) -> json.JSONEncoder:
+    global _configured
+    if extra is None:
+        return _JSON
+    held = _configured
+    if held is None or held[0] is not extra:
+        held = _configured = (extra, _json_encoder(extra))
+    return held[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,24 +76,22 @@ class Encoded:
 
 
 def encode_payload(
-    payload: object, content_type: str | None, max_bytes: int, max_depth: int = 64
+    payload: object,
+    content_type: str | None,
+    max_bytes: int,
+    max_depth: int = 64,
+    json_default: jsonvalues.JsonDefault | None = None,
 ) -> Encoded:
-    """Turn a payload into bytes and the content type that describes them."""
-    if isinstance(payload, dict | list):
-        try:
-            text = _JSON.encode(payload)
-            body = text.encode("utf-8")
-        except RecursionError:
-            check_depth("payload", payload, max_depth)  # names the limit when it is lower
-            raise PayloadTooDeep(
-                "payload is nested too deep for JSON encoding (about 1,000 levels)"
-            ) from None
-        except (TypeError, ValueError, UnicodeEncodeError) as exc:
-            raise PayloadEncodingError(f"payload cannot be encoded as JSON: {exc}") from exc
+    """Turn a payload into bytes and the content type that describes them.
+
+    A dict, a list, a dataclass or a pydantic model is JSON; inside it, the values of
+    `outbox.jsonvalues` and whatever `json_default` converts."""
+    if isinstance(payload, dict | list) or _is_record(payload):
+        text, body = _json_text(payload, max_depth, json_default)
         # Brackets in the text bound the depth from above (strings may hold some too): most
-        # payloads skip the walk.
+        # payloads skip the walk, of the JSON itself (what converted values became included).
         if text.count("[") + text.count("{") > max_depth:
-            check_depth("payload", payload, max_depth)
+            check_depth("payload", json.loads(text), max_depth)
         derived = JSON_TYPE
     elif isinstance(payload, str):
         try:
@@ -87,7 +104,8 @@ def encode_payload(
         derived = BYTES_TYPE
     else:
         raise PayloadEncodingError(
-            f"payload must be dict, list, str or bytes, not {type(payload).__name__}"
+            "payload must be dict, list, a dataclass, a pydantic model, str or bytes, "
+            f"not {type(payload).__name__}"
         )
     if len(body) > max_bytes:
         raise PayloadTooLarge(
@@ -95,6 +113,33 @@ def encode_payload(
             "(raise it with outbox.configure(max_payload_bytes=...))"
         )
     return Encoded(body, _content_type(content_type) if content_type is not None else derived)
+
+
+def _is_record(payload: object) -> bool:
+    """A dataclass instance or a pydantic model: a JSON object as a payload of its own."""
+    if isinstance(payload, str | bytes | bytearray | memoryview | int | float | type(None)):
+        return False  # the common payloads, answered without a look at their class
+    return jsonvalues.builtin_record(payload)
+
+
+def _json_text(
+    payload: object, max_depth: int, extra: jsonvalues.JsonDefault | None
+) -> tuple[str, bytes]:
+    try:
+        text = _encoder(extra).encode(payload)
+        return text, text.encode("utf-8")  # a lone surrogate fails here, not in the database
+    except RecursionError:
+        if isinstance(payload, dict | list):
+            check_depth("payload", payload, max_depth)  # names the limit when it is lower
+        raise PayloadTooDeep(
+            "payload is nested too deep for JSON encoding (about 1,000 levels)"
+        ) from None
+    except Exception as exc:  # json's TypeError or ValueError, or json_default's own error
+        found = jsonvalues.locate(payload, extra)
+        if found is not None:
+            cause = found.__cause__ or exc  # json_default's own error, when it raised
+            raise PayloadEncodingError(f"payload cannot be encoded as JSON: {found}") from cause
+        raise PayloadEncodingError(f"payload cannot be encoded as JSON: {exc}") from exc
 
 
 def check_depth(what: str, value: object, limit: int) -> None:

@@ -77,9 +77,11 @@ def enqueue(
         exchange: The RabbitMQ exchange to publish to; `""` is the default exchange, which
             delivers to the queue named by `routing_key`.
         routing_key: The routing key to publish with.
-        payload: The body. A `dict` or `list` is sent as compact JSON (`application/json`), a
-            `str` as UTF-8 text (`text/plain; charset=utf-8`), `bytes` as they are
-            (`application/octet-stream`).
+        payload: The body. A `dict`, `list`, dataclass or pydantic model is sent as compact
+            JSON (`application/json`); inside it, `datetime`, `date`, `time`, `UUID`, `Decimal`,
+            enums, dataclasses and pydantic models convert too, and what
+            `outbox.configure(json_default=...)` converts. A `str` is sent as UTF-8 text
+            (`text/plain; charset=utf-8`), `bytes` as they are (`application/octet-stream`).
         key: An ordering key (for example the aggregate's id): messages with the same key are
             published in enqueue order, one after another. None: no order with other messages.
         headers: AMQP headers to publish with; values are `str`, `int`, `float` or `bool`.

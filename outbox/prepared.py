@@ -45,7 +45,11 @@ def prepare(
     limits = settings()
     encoding.check_destination(exchange, routing_key)
     encoded = encoding.encode_payload(
-        payload, content_type, limits.max_payload_bytes, limits.max_json_depth
+        payload,
+        content_type,
+        limits.max_payload_bytes,
+        limits.max_json_depth,
+        limits.json_default,
     )
     checked_headers = encoding.check_headers(headers)
     wait = encoding.check_delay(delay)
