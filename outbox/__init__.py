@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.celery_task import celery_task_message
 from outbox.config import configure
+from outbox.dramatiq_task import dramatiq_message, dramatiq_message_with_options
 from outbox.enqueue import enqueue
 from outbox.errors import (
     HeadersTooLarge,
@@ -106,6 +107,8 @@ __all__ = [
     "celery_task_message",
     "configure",
     "create_schema",
+    "dramatiq_message",
+    "dramatiq_message_with_options",
     "enqueue",
     "enqueue_async",
     "metadata",
