@@ -62,8 +62,9 @@ integration: $(STAMP) services
 	$(PY) -m pytest tests/integration tests/e2e -q
 
 # Most tests wait on the broker and the database, not the CPU: several workers overlap the waits.
-# Full-speed drains share one worker (xdist_group "heavy"), so they never starve each other;
-# tests that change what all of them share (a broker-wide alarm) run alone afterwards.
+# Full-speed drains run one at a time on a worker of their own (xdist_group "heavy"), the short
+# chaos runs on another ("chaos"): at most two run at once, beside the light tests. Tests that
+# change what all of them share (a broker-wide alarm) run alone afterwards.
 TEST_WORKERS ?= 4
 
 test: $(STAMP) services lint typecheck docs

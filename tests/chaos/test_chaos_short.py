@@ -14,8 +14,9 @@ import pytest
 from relay.loop.chains import RUN
 from tests.chaos import mid_drain, run
 
-# Full-speed relays under faults: one at a time beside the light tests (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("heavy")
+# Full-speed relays under faults: one at a time, on a worker of their own (--dist loadgroup). The
+# other full-speed drains ("heavy") have another: at most one of each runs at once.
+pytestmark = pytest.mark.xdist_group("chaos")
 
 
 @pytest.mark.parametrize(
