@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import decimal
 import enum
+import ipaddress
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from outbox import config
 from outbox.encoding import JSON_TYPE, encode_payload
 from outbox.errors import PayloadEncodingError, PayloadTooDeep
 from outbox.prepared import prepare
+from tests.docs_blocks import block
 from tests.unit.test_outbox_imports import run_fresh
 
 UTC = dt.UTC
@@ -70,6 +72,14 @@ class Point:
 
 
 ID = uuid.UUID("0190a5d4-8f3e-7c41-9d2b-5e6f7a8b9c0d")
+
+
+def written_body(payload: object) -> object:
+    """The payload column enqueue and enqueue_async write, with the settings in force."""
+    return prepare(
+        exchange="e", routing_key="k", payload=payload, key=None, headers=None,
+        idempotency_key=None, delay=None, priority=0, max_attempts=None, content_type=None,
+    ).params["payload"]  # fmt: skip
 
 
 def body(payload: object, **kwargs: Any) -> str:
@@ -225,11 +235,7 @@ def point_default(value: object) -> object:
 def test_json_default_adds_types_and_outbox_still_converts_first() -> None:
     outbox.configure(json_default=point_default)
     payload = {"p": Point(1, 2), "tags": frozenset({"b", "a"}), "at": dt.date(2030, 1, 2)}
-    # What enqueue and enqueue_async write, with the settings in force.
-    written = prepare(
-        exchange="e", routing_key="k", payload=payload, key=None, headers=None,
-        idempotency_key=None, delay=None, priority=0, max_attempts=None, content_type=None,
-    ).params["payload"]  # fmt: skip
+    written = written_body(payload)
     assert written == b'{"p":{"x":1,"y":2},"tags":["a","b"],"at":"2030-01-02"}'
     config.reset()
     with pytest.raises(PayloadEncodingError, match=r"payload\['p'\]: Point is not"):
@@ -287,3 +293,25 @@ def test_pydantic_is_never_imported_to_encode() -> None:
         """
     )
     assert loaded is False
+
+
+@pytest.mark.usefixtures("settings_restored")
+def test_the_docs_json_default_example() -> None:
+    code = block("guides/payloads.md", "json-default-example")
+    exec(compile(code, "docs/guides/payloads.md (json-default-example)", "exec"), {})
+    payload = {
+        "tags": {"b", "a"},
+        "ttl": dt.timedelta(minutes=1, microseconds=500_000),
+        "peer": ipaddress.ip_address("192.0.2.1"),
+        "at": dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC),
+    }
+    written = written_body(payload)
+    assert written == (
+        b'{"tags":["a","b"],"ttl":60.5,"peer":"192.0.2.1","at":"2030-01-02T03:04:05+00:00"}'
+    )
+    with pytest.raises(
+        PayloadEncodingError,
+        match=r"payload\['p'\]: Point is not JSON-encodable: json_default raised TypeError: "
+        "Point has no JSON form in this application",
+    ):
+        written_body({"p": Point(0, 0)})
