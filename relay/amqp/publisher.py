@@ -43,6 +43,7 @@ from relay.amqp.tls import TlsOptions
 from relay.amqp.untraced import basic_publish, suppress_instrumentation, wrapped_pika
 from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
 from relay.core.outcome import Fate, Outcome
+from relay.core.signing import Keyring
 from relay.core.urls import redact
 from relay.errors import BrokerUnavailable
 from relay.ports import Claimed, Done, Outgoing
@@ -65,8 +66,13 @@ class Publisher:
     ) -> Outgoing:
         """A claimed row as a message on this wire, checked against this connection's frame_max
         (called by the relay loop, on its own thread); MalformedRow when there can be none."""
+        signer = self._keyring.for_exchange(row.exchange) if self._keyring is not None else None
         return to_outgoing(
-            row, traceparent=traceparent, tracestate=tracestate, frame_max=self._frame_max
+            row,
+            traceparent=traceparent,
+            tracestate=tracestate,
+            frame_max=self._frame_max,
+            signer=signer,
         )
 
     def __init__(
@@ -78,8 +84,10 @@ class Publisher:
         blocked_timeout: float = 300.0,
         name: str = "outbox-relay",
         tls: TlsOptions | None = None,
+        signing: Keyring | None = None,
     ) -> None:
         nodes = broker_nodes(amqp_url, tls)
+        self._keyring = signing  # None: messages go unsigned
         for node in nodes:
             params = node.params
             params.client_properties = {"connection_name": name}

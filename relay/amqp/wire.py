@@ -17,6 +17,7 @@ from typing import Any
 
 from outbox.amqp_codec import Properties
 from outbox.encoding import RESERVED_HEADERS, RESERVED_PREFIX, UnreadableJson
+from outbox.signing import Signer
 from relay.ports import Claimed, MalformedRow, Outgoing
 
 PERSISTENT = 2
@@ -51,11 +52,13 @@ def to_outgoing(
     traceparent: str | None = None,
     tracestate: str | None = None,
     frame_max: int = DEFAULT_FRAME_MAX,
+    signer: Signer | None = None,
 ) -> Outgoing:
     """The message for `row`, or MalformedRow naming the field that cannot go on the wire.
 
     `traceparent`/`tracestate` replace the stored ones (the relay's send span, when tracing is
-    on); `frame_max` is the connection's, which the header frame must fit in."""
+    on); `frame_max` is the connection's, which the header frame must fit in; `signer` adds the
+    Standard Webhooks headers (outbox/signing.py), signed now over the body as sent."""
     exchange = _shortstr("exchange", row.exchange)
     routing_key = _shortstr("routing_key", row.routing_key)
     content_type = _shortstr("content_type", row.content_type)
@@ -82,6 +85,12 @@ def to_outgoing(
         if state:
             headers["tracestate"] = state
             size += 1 + len("tracestate") + 5 + len(state)
+    message_id = str(row.id)
+    if signer is not None:
+        # Over the exact body bytes below; a stored header of the same name is replaced.
+        for name, value in signer.headers(message_id, body).items():
+            headers[name] = value
+            size += 1 + len(name) + 5 + len(value)
     created = int(row.created_at.timestamp())
     if created not in _TIMESTAMP:
         raise MalformedRow(f"created_at {row.created_at} is before 1970")
@@ -96,11 +105,11 @@ def to_outgoing(
         content_type=content_type,
         content_encoding=encoding,
         delivery_mode=PERSISTENT,
-        message_id=str(row.id),
+        message_id=message_id,
         timestamp=created,
         headers=headers or None,
     )
-    return Outgoing(row.seq, str(row.id), exchange, routing_key, body, props)
+    return Outgoing(row.seq, message_id, exchange, routing_key, body, props)
 
 
 @functools.lru_cache(maxsize=256)  # a deployment sends a handful of content types

@@ -19,6 +19,7 @@ from relay.core.circuit import CircuitSettings
 from relay.core.policy import RetryPolicy
 from relay.core.resources import SCOPES
 from relay.core.retention import RetentionPolicy
+from relay.core.signing import Keyring, keyring_of
 from relay.errors import ConfigError
 from relay.runtime.logs import LEVELS
 from relay.runtime.readers import (
@@ -104,6 +105,18 @@ class RelayConfig:
     # /healthz, /readyz and /metrics on this port (0: off), on http_host.
     http_port: int = kept(0, port)
     http_host: str = "0.0.0.0"  # noqa: S104 - probes come from the orchestrator, not localhost
+    # Secrets that sign every message (OUTBOX_SIGNING_KEYS) and per exchange
+    # (OUTBOX_SIGNING_KEYS_FILE); neither: messages go unsigned. Their repr shows no secret.
+    signing_keys: Keyring | None = None
+    signing_keys_file: Keyring | None = None
+
+    @property
+    def keyring(self) -> Keyring | None:
+        """What signs each exchange's messages (the file's exchanges over the variable's)."""
+        try:
+            return keyring_of(self.signing_keys, self.signing_keys_file)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def max_batch_life(self) -> float:
@@ -157,3 +170,4 @@ class RelayConfig:
                 f"({self.confirm_timeout:g}), or a second relay could probe while the first waits"
             )
         check_amqp_tls(self.amqp_url, self.amqp_tls)
+        _ = self.keyring  # two defaults for every exchange: refused here, not when publishing

@@ -19,6 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from relay.core.durations import MAX_SECONDS as MAX_DURATION_SECONDS
 from relay.core.durations import positive_duration
 from relay.core.failures import FailureClass
+from relay.core.signing import Keyring, keys_toml
 from relay.errors import ConfigError
 
 # The largest count accepted: what a database INTEGER holds (attempts, limits are bound into SQL).
@@ -247,3 +248,17 @@ def host_name(raw: str) -> str:
 
 
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def signing_keys_file(raw: str) -> Keyring:
+    """A readable TOML file of signing secrets per exchange (relay/core/signing.py)."""
+    path = readable_file(raw)
+    try:
+        with open(path, "rb") as f:
+            content = f.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{raw!r} cannot be read as UTF-8 text: {exc}") from None
+    try:
+        return keys_toml(content)
+    except ValueError as exc:
+        raise ValueError(f"{raw!r}: {exc}") from None

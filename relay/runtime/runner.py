@@ -87,6 +87,7 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         confirm_timeout=config.confirm_timeout,
         name=f"outbox-relay {config.relay_id}",
         tls=config.amqp_tls,
+        signing=config.keyring,
     )
     publisher.start()
     return wire_relay(store, publisher, config, telemetry=telemetry)

@@ -20,6 +20,7 @@ from relay.core.durations import format_duration, positive_duration
 from relay.core.failures import FailureClass
 from relay.core.policy import RetryPolicy
 from relay.core.retention import RetentionPolicy
+from relay.core.signing import keys_text
 from relay.core.urls import redact
 from relay.errors import ConfigError
 from relay.runtime.config import CIRCUIT_SCOPE, DEAD_KEY, LOG_LEVEL, RelayConfig
@@ -34,6 +35,7 @@ from relay.runtime.readers import (
     positive_number,
     rate_limits,
     readable_file,
+    signing_keys_file,
     switch,
     text,
 )
@@ -59,6 +61,7 @@ class Setting:
     show: Callable[[Any], str] = str  # the default as --help writes it
     metavar: str | None = None
     secret: bool = False  # may hold a password: a value is never echoed, the default redacted
+    blank_refused: bool = False  # an empty variable is read (and refused), not taken as unset
     repeat: bool = False  # repeated flags add up; the variable is comma-separated
     switch: bool = False  # --flag / --no-flag (`read` is then `switch`, for the variable)
 
@@ -234,6 +237,14 @@ SETTINGS: tuple[Setting, ...] = (
             positive_number, "seconds before the database cancels one of the relay's statements "
             "(PostgreSQL and MariaDB: any statement; MySQL: SELECTs; not set behind a pooler)",
             show=_seconds, metavar="SECONDS"),
+    Setting("--signing-keys", "OUTBOX_SIGNING_KEYS", "signing_keys", keys_text,
+            "sign every message in the Standard Webhooks scheme with these whsec_<base64> "
+            "secrets, separated by commas (each signs: add the new one, later drop the old); "
+            "prefer the variable, since a command line is visible to other users",
+            show=lambda _: "unsigned", metavar="SECRETS", secret=True, blank_refused=True),
+    Setting("--signing-keys-file", "OUTBOX_SIGNING_KEYS_FILE", "signing_keys_file",
+            signing_keys_file, "a TOML file of signing secrets per exchange, with an optional "
+            "default for the others (see the Signing guide)", show=_none_text, metavar="FILE"),
 )  # fmt: skip
 
 
@@ -253,9 +264,17 @@ def resolve(command: str, flags: Mapping[str, Any], environ: Mapping[str, str]) 
     for setting in SETTINGS:
         if flags.get(setting.dest) is not None:
             values[setting.target] = flags[setting.dest]
-        elif setting.env and setting.used_by(command) and environ.get(setting.env, "").strip():
+        elif setting.env and setting.used_by(command) and _given(setting, environ):
             values[setting.target] = setting.from_env(environ[setting.env])
     return build(values)
+
+
+def _given(setting: Setting, environ: Mapping[str, str]) -> bool:
+    assert setting.env is not None
+    if setting.blank_refused:
+        # Set but empty is a mistake to say (a secret that did not arrive), not "unsigned".
+        return setting.env in environ
+    return bool(environ.get(setting.env, "").strip())
 
 
 _PARTS: Mapping[str, Callable[..., Any]] = {
