@@ -36,6 +36,7 @@ from outbox.errors import (
     UnsupportedDatabase,
 )
 from outbox.schema import create_schema, metadata
+from outbox.signing import BadSignature, verify
 from outbox.states import State
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
@@ -84,6 +85,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BadSignature",
     "Consumer",
     "ConsumerPolicy",
     "HeadersTooLarge",
@@ -115,4 +117,5 @@ __all__ = [
     "process_once",
     "purge_inbox",
     "testing",
+    "verify",
 ]
