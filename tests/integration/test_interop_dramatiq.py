@@ -11,6 +11,7 @@ is the docs' with one line swapped in: it appends its arguments to a file the te
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from urllib.parse import quote
 import dramatiq
 import dramatiq.broker
 import pika
+import pydantic
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -47,6 +49,15 @@ RECORDING_BODY = (
     "        ran.write(json.dumps([order_id, total, placed_at, notify, time.time()]) + '\\n')\n"
 )
 BIN = Path(sys.executable).parent
+
+
+class Money(pydantic.BaseModel):
+    amount: Decimal
+    currency: str
+
+
+class Notify(enum.StrEnum):
+    BY_MAIL = "mail"
 
 
 def _rabbitmqctl(*args: str) -> None:
@@ -166,13 +177,15 @@ def test_a_dramatiq_worker_runs_the_actor_the_docs_snippet_sent(
 def test_a_delayed_message_waits_in_the_delay_queue_then_runs(
     pg_url: str, pg_engine: Engine, relay_factory: RelayFactory, worker: Worker
 ) -> None:
-    """By the actor's name alone (the application need not import the worker's code)."""
+    """By the actor's name alone (the application need not import the worker's code), with
+    arguments of the types outbox encodes beyond JSON's own."""
     already = len(worker.ran())
+    order_id = uuid.UUID("0190a5d4-8f3e-7c41-9d2b-5e6f7a8b9c0d")
     message = outbox.dramatiq_message_with_options(
         "send_confirmation",
         queue_name="mail",
-        args=[7, Decimal("5.00")],
-        kwargs={"placed_at": dt.datetime(2030, 1, 2, tzinfo=dt.UTC), "notify": False},
+        args=[order_id, Money(amount=Decimal("5.00"), currency="EUR")],
+        kwargs={"placed_at": dt.datetime(2030, 1, 2, tzinfo=dt.UTC), "notify": Notify.BY_MAIL},
         delay=dt.timedelta(milliseconds=400),
     )
     with Session(pg_engine) as session, session.begin():
@@ -180,6 +193,8 @@ def test_a_delayed_message_waits_in_the_delay_queue_then_runs(
     relay_factory(pg_url)
 
     ran = wait_until(lambda: worker.ran()[already:], timeout=20, what="the delayed actor to run")
-    assert [entry[:4] for entry in ran] == [[7, "5.00", "2030-01-02T00:00:00+00:00", False]]
+    assert [entry[:4] for entry in ran] == [
+        [str(order_id), {"amount": "5.00", "currency": "EUR"}, "2030-01-02T00:00:00+00:00", "mail"]
+    ]
     eta = message["payload"]["options"]["eta"]
     assert ran[0][4] * 1000 >= eta  # not before its eta
