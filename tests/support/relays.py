@@ -67,7 +67,9 @@ def relay_factory(amqp_url: str) -> Iterator[RelayFactory]:
             **settings,
         )
         store = open_store(db_url, hold_dead_keys=cfg.hold_dead_keys, scope=cfg.circuit_scope)
-        publisher = Publisher(amqp_url, confirm_timeout=cfg.confirm_timeout, name=cfg.relay_id)
+        publisher = Publisher(
+            amqp_url, confirm_timeout=cfg.confirm_timeout, name=cfg.relay_id, signing=cfg.keyring
+        )
         try:
             publisher.start()
         except BaseException:
