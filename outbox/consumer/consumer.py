@@ -18,6 +18,7 @@ import datetime as dt
 import logging
 import re
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from outbox.consumer.inbox import purge_batches
 from outbox.consumer.policy import ConsumerPolicy
 from outbox.consumer.processor import Handler, Processor
+from outbox.consumer.signed import Verified
 
 log = logging.getLogger("outbox.consumer")
 
@@ -87,6 +89,12 @@ class Consumer:
         purge_batch_size: Inbox rows deleted per statement.
         ssl_options: A `pika.SSLOptions` (a CA, a client certificate, the server name) for
             `amqps://` URLs; without it pika verifies the broker with the system's CAs.
+        signing_secrets: The relay's signing secrets (`whsec_...`: one, several separated by
+            commas, or a sequence): each delivery's signature is checked before anything else,
+            and one that is missing or does not verify goes to `<queue>.dead` at once, counted
+            as `bad_signature` (outbox/consumer/signed.py). None: no check.
+        signature_max_age: With `signing_secrets`, refuse signatures older than this many
+            seconds (None: any age; a message may wait in a queue for hours).
     """
 
     engine: Engine
@@ -101,6 +109,8 @@ class Consumer:
     retention_interval: float = 600.0
     purge_batch_size: int = 1000
     ssl_options: pika.SSLOptions | None = None
+    signing_secrets: str | Sequence[str] | None = None
+    signature_max_age: float | None = None
 
     def __post_init__(self) -> None:
         self.processor = Processor(
@@ -111,6 +121,12 @@ class Consumer:
             policy=self.policy,
             tracer_provider=self.tracer_provider,
         )
+        # Secrets are read now: a bad one fails the constructor, not the first delivery.
+        self._on_message: Callable[..., str] = self.processor
+        if self.signing_secrets is not None:
+            self._on_message = Verified(
+                self.processor, self.signing_secrets, max_age=self.signature_max_age
+            )
         self._lock = threading.Lock()
         self._conn: Any = None
         self._channel: Any = None
@@ -131,7 +147,7 @@ class Consumer:
         try:
             channel = conn.channel()
             channel.basic_qos(prefetch_count=self.prefetch)
-            channel.basic_consume(self.queue, self.processor)
+            channel.basic_consume(self.queue, self._on_message)
             with self._lock:
                 self._conn, self._channel = conn, channel
                 stop = self._stop
