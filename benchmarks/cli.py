@@ -10,6 +10,8 @@ Phases, in order (choose with --phases):
                default, which PgBouncer's transaction mode needs) and with them (psycopg's
                default, `?prepare_threshold=5`): what turning them off costs on a direct
                connection
+  signed       the in-process drain twice, unsigned and signed (OUTBOX_SIGNING_KEYS, one
+               secret): what signing costs (target: the signed drain within 5%)
   store        diagnostic: the store's claim + mark_published alone, nothing published
   publisher    diagnostic: relay.Publisher alone, fed pre-built messages, no database
   enqueue      what outbox.enqueue costs a one-row transaction (commits/s with and without it)
@@ -65,6 +67,8 @@ from benchmarks.fixtures import (
 )
 from benchmarks.insert_cost import measure_insert_cost
 from benchmarks.wakeup import measure_wakeup
+from outbox.signing import new_secret
+from relay.core.signing import keys_text
 from relay.loop import chains
 from relay.ports import Outgoing
 
@@ -74,6 +78,7 @@ PHASES = (
     "subprocess",
     "one-at-a-time",
     "prepared",
+    "signed",
     "store",
     "publisher",
     "enqueue",
@@ -89,6 +94,7 @@ HOT_TARGET, HOT_GOAL = 0.2, 0.5  # one key's drain rate over the unkeyed drain's
 DEFAULT_DB = os.environ.get("BENCH_DB_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 DEFAULT_AMQP = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 TARGET = 0.8
+SIGNED_TARGET = 0.95  # signing may cost at most 5% of the drain rate
 NOISE = 0.2  # cores used by other processes during a phase above which its figure is suspect
 
 
@@ -223,7 +229,9 @@ def _run(
     payloads = [encode(make_payload(i, args.payload_bytes)) for i in range(n)]
     now = time.time()
 
-    needs_backlog = {"in-process", "subprocess", "one-at-a-time", "prepared", "store", "hot-key"}
+    needs_backlog = {
+        "in-process", "subprocess", "one-at-a-time", "prepared", "signed", "store", "hot-key"
+    }  # fmt: skip
     if (needs_backlog | {"enqueue", "wakeup"}) & set(phases):
         db.create()
         _say(f"loading {n} messages through outbox.enqueue ...")
@@ -253,6 +261,8 @@ FIGURES = {
     "one-at-a-time": "one confirm at a time (the usual outbox)",
     "prepared": "relay drain, in-process, no prepared statements",
     "prepared-on": "relay drain, in-process, prepared statements",
+    "unsigned": "relay drain, in-process, unsigned (beside signed)",
+    "signed": "relay drain, in-process, signed (Standard Webhooks, one secret)",
     "store": "diagnostic: store only, claim+mark, no broker",
     "publisher": "diagnostic: relay.Publisher only, no DB",
     "enqueue": "outbox.enqueue in a one-row transaction",
@@ -346,6 +356,17 @@ def _phase(
             _say(f"{FIGURES[key]}{tag} ...")
             drain = functools.partial(
                 drain_in_process, db, args.amqp, timeout=args.timeout, db_url=url
+            )
+            _add_drain(results, key, purge_after(drain))
+    elif phase == "signed":
+        # Unsigned, then signed, each from the same restored backlog; with --repeat, medians.
+        ring = keys_text(new_secret())
+        for key, signing in (("unsigned", None), ("signed", ring)):
+            db.restore()
+            _quiesce()
+            _say(f"{FIGURES[key]}{tag} ...")
+            drain = functools.partial(
+                drain_in_process, db, args.amqp, timeout=args.timeout, signing=signing
             )
             _add_drain(results, key, purge_after(drain))
     elif phase == "store":
@@ -584,6 +605,18 @@ def _report(
         out.append(
             f"no prepared statements / prepared statements: rate {off.rate / on.rate:.2f}x{cpu} "
             f"(median of {len(off.rates)} run(s) each)"
+        )
+    plain, signed = results.get("unsigned"), results.get("signed")
+    if plain and signed and plain.rates and signed.rates:
+        cost = signed.rate / plain.rate
+        cpu = ""
+        if plain.work_us and signed.work_us:
+            a, b = statistics.median(signed.work_us), statistics.median(plain.work_us)
+            cpu = f"; relay + database CPU per message {a:.0f} us / {b:.0f} us"
+        out.append(
+            f"target signed drain >= {SIGNED_TARGET:.2f}x unsigned: "
+            f"{'met' if cost >= SIGNED_TARGET else 'NOT met'} ({cost:.3f}x{cpu}; median of "
+            f"{len(signed.rates)} run(s) each)"
         )
     one, unkeyed = results.get("hot-1"), results.get("hot-unkeyed")
     if one and unkeyed and one.rates and unkeyed.rates:

@@ -26,6 +26,7 @@ from benchmarks.fixtures import BenchDatabase
 from benchmarks.machine import CpuMeter, CpuSplit
 from relay.amqp.publisher import Publisher
 from relay.core.outcome import Fate, Outcome
+from relay.core.signing import Keyring
 from relay.loop.counts import Counts
 from relay.loop.wiring import wire_relay
 from relay.ports import Outgoing
@@ -84,9 +85,11 @@ def drain_in_process(
     timeout: float,
     profile_dir: Path | None = None,
     db_url: str | None = None,
+    signing: Keyring | None = None,
 ) -> DrainResult:
     """Relay the backlog with the relay's own parts, wired as `relay.runtime.runner` does
-    (through `db_url` when given: the same database, other connection options)."""
+    (through `db_url` when given: the same database, other connection options; signing each
+    message with `signing` when given)."""
     expected = db.restored
     config = RelayConfig(db_url=db_url or db.url, amqp_url=amqp_url, relay_id="bench-in-process")
     # As the runner opens it: statement timeout, no commit waits for the disk, no JIT, prepared
@@ -96,7 +99,10 @@ def drain_in_process(
     )
     publisher_cls = _ProfiledPublisher if profile_dir is not None else Publisher
     publisher = publisher_cls(
-        config.amqp_url, confirm_timeout=config.confirm_timeout, name="outbox-relay bench"
+        config.amqp_url,
+        confirm_timeout=config.confirm_timeout,
+        name="outbox-relay bench",
+        signing=signing,
     )
     publisher.start()
     # The end of the drain is seen from inside the store's mark_published, not by polling:

@@ -119,8 +119,8 @@ class Signer:
             h = mac.copy()
             h.update(prefix)
             h.update(body)  # no copy of the body into one signed string
-            parts.append("v1," + base64.b64encode(h.digest()).decode("ascii"))
-        return " ".join(parts)
+            parts.append("v1," + binascii.b2a_base64(h.digest(), newline=False).decode("ascii"))
+        return parts[0] if len(parts) == 1 else " ".join(parts)
 
     def verify(
         self,
