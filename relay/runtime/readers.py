@@ -252,6 +252,11 @@ _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 def signing_keys_file(raw: str) -> Keyring:
     """A readable TOML file of signing secrets per exchange (relay/core/signing.py)."""
+    if "whsec_" in raw:
+        # A secret given where its file's path belongs: say so without echoing it.
+        raise ValueError(
+            "holds a secret, not a path: secrets go in the file or in OUTBOX_SIGNING_KEYS"
+        )
     path = readable_file(raw)
     try:
         with open(path, "rb") as f:

@@ -89,6 +89,8 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         tls=config.amqp_tls,
         signing=config.keyring,
     )
+    if config.keyring is not None:  # how many secrets sign where; never a secret
+        log.info("relay.signing", extra={"keyring": repr(config.keyring)})
     publisher.start()
     return wire_relay(store, publisher, config, telemetry=telemetry)
 

@@ -244,7 +244,8 @@ SETTINGS: tuple[Setting, ...] = (
             show=lambda _: "unsigned", metavar="SECRETS", secret=True, blank_refused=True),
     Setting("--signing-keys-file", "OUTBOX_SIGNING_KEYS_FILE", "signing_keys_file",
             signing_keys_file, "a TOML file of signing secrets per exchange, with an optional "
-            "default for the others (see the Signing guide)", show=_none_text, metavar="FILE"),
+            "default for the others (see the Signing guide)", show=_none_text, metavar="FILE",
+            secret=True),
 )  # fmt: skip
 
 

@@ -334,10 +334,22 @@ def test_a_bad_file_exits_2_naming_the_variable_and_where(
     monkeypatch.setenv("OUTBOX_SIGNING_KEYS_FILE", str(path))
     assert cli.main(["run"]) == 2
     err = capsys.readouterr().err
-    assert f"OUTBOX_SIGNING_KEYS_FILE='{path}': exchanges.orders: secret 2 of 2" in err
+    assert f"OUTBOX_SIGNING_KEYS_FILE: '{path}': exchanges.orders: secret 2 of 2" in err
     assert "hunter2" not in err
     assert SECRETS[0][6:] not in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_secret_given_for_the_files_path_is_not_echoed(
+    no_outbox_environment: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("OUTBOX_SIGNING_KEYS_FILE", SECRETS[0])
+    assert cli.main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert "OUTBOX_SIGNING_KEYS_FILE: holds a secret, not a path" in err
+    assert SECRETS[0][6:] not in err
 
 
 def test_help_and_status_never_show_a_secret(
