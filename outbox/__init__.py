@@ -28,6 +28,7 @@ from outbox.errors import (
     InvalidMessage,
     InvalidOption,
     InvalidSession,
+    NotInTransaction,
     OutboxError,
     PayloadEncodingError,
     PayloadTooDeep,
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         Reject,
         Retry,
         process_once,
+        process_once_async,
         purge_inbox,
     )
 
@@ -65,6 +67,7 @@ _LAZY = {
     "Reject": "outbox.consumer",
     "Retry": "outbox.consumer",
     "process_once": "outbox.consumer",
+    "process_once_async": "outbox.consumer",
     "purge_inbox": "outbox.consumer",
 }
 
@@ -96,6 +99,7 @@ __all__ = [
     "InvalidOption",
     "InvalidSession",
     "Message",
+    "NotInTransaction",
     "OutboxError",
     "PayloadEncodingError",
     "PayloadTooDeep",
@@ -115,6 +119,7 @@ __all__ = [
     "enqueue_async",
     "metadata",
     "process_once",
+    "process_once_async",
     "purge_inbox",
     "testing",
     "verify",

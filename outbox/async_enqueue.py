@@ -1,4 +1,5 @@
-"""`enqueue_async`: `enqueue` for SQLAlchemy's AsyncSession and AsyncConnection.
+"""`enqueue_async`: `enqueue` for SQLAlchemy's AsyncSession and AsyncConnection, and for asyncpg's
+and psycopg's async connections.
 
 Not a second implementation: the message is validated and built by the same `prepare`, in the
 caller's task (so the trace context captured is the caller's), and inserted by the same `write`,
@@ -14,15 +15,18 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
 from outbox.enqueue import write
+from outbox.plain import AsyncDBAPIConnection, driver_of, refuse_autocommit
 from outbox.prepared import prepare
 from outbox.sessions import wrong_object
 
-AsyncDb = AsyncSession | AsyncConnection
+AsyncDb = AsyncSession | async_scoped_session[Any] | AsyncConnection | AsyncDBAPIConnection
 _CALL = "outbox.enqueue_async"
 
 
@@ -48,8 +52,10 @@ async def enqueue_async(
     caller's other objects, never runs DDL.
 
     Args:
-        db: A SQLAlchemy `AsyncSession` or `AsyncConnection`, inside the caller's transaction.
-            For a sync `Session` or `Connection`, use `enqueue`.
+        db: The caller's transaction: a SQLAlchemy `AsyncSession`, `async_scoped_session` or
+            `AsyncConnection`, or an asyncpg connection or psycopg `AsyncConnection` inside its
+            transaction (used and left open, never committed). For a sync handle, use
+            `enqueue`.
         exchange: As for `enqueue`.
         routing_key: As for `enqueue`.
         payload: As for `enqueue`.
@@ -66,14 +72,15 @@ async def enqueue_async(
             message.
 
     Raises:
-        InvalidSession: `db` is not an AsyncSession or AsyncConnection.
+        InvalidSession: `db` is none of the above.
+        NotInTransaction: `db` is an asyncpg or psycopg connection outside any transaction.
         InvalidMessage: An argument is invalid (see `enqueue`). Nothing is written.
         SchemaMissing: The outbox tables do not exist in this database.
         IdempotencyConflict: A concurrent transaction holds the same `idempotency_key` and
             this one cannot see its row; retry the transaction.
     """
-    if not isinstance(db, AsyncSession | AsyncConnection):  # before anything else is done
-        raise wrong_object(db, call=_CALL, other_call="outbox.enqueue", wants_async=True)
+    # Before anything else is done: an object this does not take is refused first.
+    handle = async_connection(db, call=_CALL, sync_call="outbox.enqueue", writes=True)
     prepared = prepare(
         exchange=exchange,
         routing_key=routing_key,
@@ -86,16 +93,36 @@ async def enqueue_async(
         max_attempts=max_attempts,
         content_type=content_type,
     )
-    conn = await async_connection(db, call=_CALL, sync_call="outbox.enqueue")
-    return await conn.run_sync(write, prepared)
+    async with handle as conn:
+        return await conn.run_sync(write, prepared)
 
 
-async def async_connection(db: object, *, call: str, sync_call: str) -> AsyncConnection:
-    """`db`'s connection: an AsyncSession's joins its transaction without autoflushing (as
-    `Session.connection()` does for `enqueue`); an AsyncConnection is used as it is. Anything
-    else raises `InvalidSession`, naming `sync_call` for a sync Session or Connection."""
-    if isinstance(db, AsyncSession):
-        return await db.connection()
+def async_connection(
+    db: object, *, call: str, sync_call: str, writes: bool
+) -> AbstractAsyncContextManager[AsyncConnection]:
+    """`db`'s connection, for an `async with` block: an AsyncSession's (or an
+    async_scoped_session's current one's) joins its transaction without autoflushing (as
+    `Session.connection()` does for `enqueue`), an AsyncConnection is used as it is, an asyncpg
+    connection or psycopg AsyncConnection is lent in its current transaction. Anything else
+    raises `InvalidSession`, naming `sync_call` for a sync handle; when `writes`, a DB-API
+    connection outside any transaction raises `NotInTransaction`. Both before anything is done
+    on `db`."""
+    if isinstance(db, AsyncSession | async_scoped_session):
+        return _session_connection(db)
     if isinstance(db, AsyncConnection):
-        return db
-    raise wrong_object(db, call=call, other_call=sync_call, wants_async=True)
+        return nullcontext(db)
+    driver = driver_of(db)
+    if driver is None or not driver.is_async:
+        raise wrong_object(db, call=call, other_call=sync_call, wants_async=True)
+    if writes:
+        refuse_autocommit(db, driver, call=call)
+    from outbox.borrowed import lend_async
+
+    return lend_async(db, driver)
+
+
+@asynccontextmanager
+async def _session_connection(
+    session: AsyncSession | async_scoped_session[Any],
+) -> AsyncIterator[AsyncConnection]:
+    yield await session.connection()

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -41,9 +41,9 @@ from outbox.pg_insert import NOTIFY_CHANNEL as NOTIFY_CHANNEL  # the relay LISTE
 from outbox.prepared import Prepared, prepare
 from outbox.ration import NotifyRation
 from outbox.schema import MYSQL, check_supported, is_missing_table, message
-from outbox.sessions import wrong_object
+from outbox.sessions import Db, sync_connection
 
-Db = Session | Connection
+_CALL = "outbox.enqueue"
 ASYNC_CALL = "outbox.enqueue_async"
 
 
@@ -72,8 +72,11 @@ def enqueue(
     `outbox.configure`).
 
     Args:
-        db: A SQLAlchemy `Session` or `Connection`, inside the caller's transaction. For an
-            `AsyncSession` or `AsyncConnection`, use `enqueue_async`.
+        db: The caller's transaction: a SQLAlchemy `Session`, `scoped_session` (Flask-SQLAlchemy's
+            `db.session`) or `Connection`, or a DB-API connection inside its transaction
+            (psycopg 3, psycopg2, `sqlite3`, PyMySQL), which is used and left open, never
+            committed. For an async handle, use `enqueue_async`; for Django,
+            `outbox.django.enqueue`.
         exchange: The RabbitMQ exchange to publish to; `""` is the default exchange, which
             delivers to the queue named by `routing_key`.
         routing_key: The routing key to publish with.
@@ -100,8 +103,11 @@ def enqueue(
             message, retries and replays included.
 
     Raises:
-        InvalidSession: `db` is not a Session or Connection (the message names the right call
-            for an async one, and says when an Engine was passed instead of a transaction).
+        InvalidSession: `db` is none of the above (the message names what was passed, the
+            right call for an async handle, and says when an Engine was passed instead of a
+            transaction).
+        NotInTransaction: `db` is a DB-API connection in autocommit mode, outside any
+            transaction: the message would commit on its own.
         InvalidMessage: An argument is invalid; one of its subclasses says which:
             `InvalidDestination`, `PayloadEncodingError`, `PayloadTooLarge`, `InvalidHeader`,
             `InvalidOption`. Nothing is written.
@@ -110,8 +116,11 @@ def enqueue(
             this one cannot see its row; retry the transaction.
         UnsupportedDatabase: The database is not PostgreSQL, MySQL/MariaDB or SQLite.
     """
+    # A Session or Connection goes straight to `write`; any other handle is resolved (and an
+    # object enqueue does not take refused) before the arguments are checked.
+    other = None
     if not isinstance(db, Session | Connection):
-        raise wrong_object(db, call="outbox.enqueue", other_call=ASYNC_CALL, wants_async=False)
+        other = sync_connection(db, call=_CALL, async_call=ASYNC_CALL, writes=True)
     prepared = prepare(
         exchange=exchange,
         routing_key=routing_key,
@@ -124,9 +133,12 @@ def enqueue(
         max_attempts=max_attempts,
         content_type=content_type,
     )
+    if other is not None:
+        with other as conn:
+            return write(conn, prepared)
     # Session.connection() joins the session's transaction without autoflushing the caller's
     # pending objects; taken only now, so a refused call does not even begin a transaction.
-    return write(db.connection() if isinstance(db, Session) else db, prepared)
+    return write(db.connection() if isinstance(db, Session) else cast(Connection, db), prepared)
 
 
 def write(conn: Connection, prepared: Prepared) -> uuid.UUID:

@@ -59,5 +59,10 @@ class InvalidSession(OutboxError, TypeError):
     """The object given to write with is not a SQLAlchemy session or connection this call takes."""
 
 
+class NotInTransaction(OutboxError):
+    """The connection is in autocommit mode outside any transaction: a message written on it would
+    commit alone, whatever became of the business transaction."""
+
+
 class UnsupportedDatabase(OutboxError):
     """The database is not one the outbox runs on (PostgreSQL, MySQL/MariaDB, SQLite)."""

@@ -1,8 +1,8 @@
 """Helpers for an application's own tests: did this transaction enqueue that message?
 
-No broker and no relay: these read the outbox table through the caller's own Session or
-Connection, so rows the transaction has not committed yet are seen, exactly as the relay will
-see them once it commits.
+No broker and no relay: these read the outbox table through the caller's own handle (anything
+`outbox.enqueue` takes: a Session, scoped_session or Connection, a DB-API connection), so rows the
+transaction has not committed yet are seen, exactly as the relay will see them once it commits.
 
     from outbox.testing import assert_enqueued, enqueued
 
@@ -28,9 +28,9 @@ Every message the caller's transaction can see is considered, committed ones fro
 included: give each test a database of its own, or filter narrowly enough. Matches come back in
 enqueue order.
 
-With an AsyncSession or AsyncConnection, await the `_async` forms (`enqueued_async`,
-`assert_enqueued_async`, `assert_not_enqueued_async`): the same helpers, run on the async
-connection's sync face.
+With an async handle (anything `outbox.enqueue_async` takes), await the `_async` forms
+(`enqueued_async`, `assert_enqueued_async`, `assert_not_enqueued_async`): the same helpers, run on
+the async connection's sync face.
 """
 
 from __future__ import annotations
@@ -39,17 +39,19 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from sqlalchemy import Connection, RowMapping, select
-from sqlalchemy.orm import Session
 
 from outbox.schema import message
-from outbox.sessions import sync_connection
+from outbox.sessions import Db, sync_connection
 
 if TYPE_CHECKING:  # loaded by the async helpers when called: sync tests never load it
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    from outbox.async_enqueue import AsyncDb
 
 __all__ = [
     "EnqueuedMessage",
@@ -135,11 +137,11 @@ class Filters(TypedDict, total=False):
 _COLUMN_FILTERS = ("exchange", "routing_key", "key", "content_type", "idempotency_key")
 
 
-def enqueued(db: Session | Connection, **filters: Unpack[Filters]) -> list[EnqueuedMessage]:
+def enqueued(db: Db, **filters: Unpack[Filters]) -> list[EnqueuedMessage]:
     """The messages `db`'s transaction can see that match every filter given, in enqueue order.
 
     Args:
-        db: A SQLAlchemy `Session` or `Connection`: the transaction under test.
+        db: The transaction under test: anything `outbox.enqueue` takes.
         **filters: Any of `Filters`; each compares for equality, and a filter left out
             matches anything.
 
@@ -161,19 +163,19 @@ def enqueued(db: Session | Connection, **filters: Unpack[Filters]) -> list[Enque
             value = given[column]
             condition = message.c[column].is_(None) if value is None else message.c[column] == value
             stmt = stmt.where(condition)
-    conn = _sync_connection(db, "enqueued")
-    found = [_message(row) for row in conn.execute(stmt).mappings()]
+    with _sync_connection(db, "enqueued") as conn:
+        found = [_message(row) for row in conn.execute(stmt).mappings()]
     return [m for m in found if _payload_matches(m, given) and _headers_match(m, given)]
 
 
 def assert_enqueued(
-    db: Session | Connection, *, count: int | None = None, **filters: Unpack[Filters]
+    db: Db, *, count: int | None = None, **filters: Unpack[Filters]
 ) -> list[EnqueuedMessage]:
     """Fail unless a message matching the filters was enqueued (exactly `count` of them, if
     given); return the matches.
 
     Args:
-        db: A SQLAlchemy `Session` or `Connection`: the transaction under test.
+        db: The transaction under test: anything `outbox.enqueue` takes.
         count: How many matches there must be; None: at least one.
         **filters: Any of `Filters` (see `enqueued`).
 
@@ -184,28 +186,30 @@ def assert_enqueued(
         AssertionError: No message matches, or not `count` of them; the message lists every
             message that was enqueued.
     """
-    db = _sync_connection(db, "assert_enqueued")
-    matches = enqueued(db, **filters)
-    if matches and (count is None or len(matches) == count):
-        return matches
+    with _sync_connection(db, "assert_enqueued") as conn:
+        matches = enqueued(conn, **filters)
+        if matches and (count is None or len(matches) == count):
+            return matches
+        everything = enqueued(conn)
     wanted = f"{count} message(s)" if count is not None else "a message"
     found = f"{len(matches)} match" if matches else "none matches"
     raise AssertionError(
-        f"expected {wanted} enqueued with {_describe(filters)}; {found}.\n" + _listing(enqueued(db))
+        f"expected {wanted} enqueued with {_describe(filters)}; {found}.\n" + _listing(everything)
     )
 
 
-def assert_not_enqueued(db: Session | Connection, **filters: Unpack[Filters]) -> None:
+def assert_not_enqueued(db: Db, **filters: Unpack[Filters]) -> None:
     """Fail if any message matching the filters was enqueued (no filter: any message at all).
 
     Args:
-        db: A SQLAlchemy `Session` or `Connection`: the transaction under test.
+        db: The transaction under test: anything `outbox.enqueue` takes.
         **filters: Any of `Filters` (see `enqueued`).
 
     Raises:
         AssertionError: A message matches; the message lists the matches.
     """
-    matches = enqueued(_sync_connection(db, "assert_not_enqueued"), **filters)
+    with _sync_connection(db, "assert_not_enqueued") as conn:
+        matches = enqueued(conn, **filters)
     if matches:
         raise AssertionError(
             f"expected no message enqueued with {_describe(filters)}; {len(matches)} found.\n"
@@ -213,44 +217,40 @@ def assert_not_enqueued(db: Session | Connection, **filters: Unpack[Filters]) ->
         )
 
 
-async def enqueued_async(
-    db: AsyncSession | AsyncConnection, **filters: Unpack[Filters]
-) -> list[EnqueuedMessage]:
-    """`enqueued`, for an AsyncSession or AsyncConnection."""
-    conn = await _async_connection(db, "enqueued")
-    return await conn.run_sync(lambda sync: enqueued(sync, **filters))
+async def enqueued_async(db: AsyncDb, **filters: Unpack[Filters]) -> list[EnqueuedMessage]:
+    """`enqueued`, for anything `outbox.enqueue_async` takes."""
+    async with _async_connection(db, "enqueued") as conn:
+        return await conn.run_sync(lambda sync: enqueued(sync, **filters))
 
 
 async def assert_enqueued_async(
-    db: AsyncSession | AsyncConnection, *, count: int | None = None, **filters: Unpack[Filters]
+    db: AsyncDb, *, count: int | None = None, **filters: Unpack[Filters]
 ) -> list[EnqueuedMessage]:
-    """`assert_enqueued`, for an AsyncSession or AsyncConnection."""
-    conn = await _async_connection(db, "assert_enqueued")
-    return await conn.run_sync(lambda sync: assert_enqueued(sync, count=count, **filters))
+    """`assert_enqueued`, for anything `outbox.enqueue_async` takes."""
+    async with _async_connection(db, "assert_enqueued") as conn:
+        return await conn.run_sync(lambda sync: assert_enqueued(sync, count=count, **filters))
 
 
-async def assert_not_enqueued_async(
-    db: AsyncSession | AsyncConnection, **filters: Unpack[Filters]
-) -> None:
-    """`assert_not_enqueued`, for an AsyncSession or AsyncConnection."""
-    conn = await _async_connection(db, "assert_not_enqueued")
-    await conn.run_sync(lambda sync: assert_not_enqueued(sync, **filters))
+async def assert_not_enqueued_async(db: AsyncDb, **filters: Unpack[Filters]) -> None:
+    """`assert_not_enqueued`, for anything `outbox.enqueue_async` takes."""
+    async with _async_connection(db, "assert_not_enqueued") as conn:
+        await conn.run_sync(lambda sync: assert_not_enqueued(sync, **filters))
 
 
-def _sync_connection(db: object, name: str) -> Connection:
+def _sync_connection(db: object, name: str) -> AbstractContextManager[Connection]:
     """The connection of the transaction under test; an async one is refused with the name of
-    the helper's `_async` form."""
+    the helper's `_async` form. Reading needs no transaction: autocommit connections are fine."""
     call = f"outbox.testing.{name}"
-    return sync_connection(db, call=call, async_call=f"{call}_async")
+    return sync_connection(db, call=call, async_call=f"{call}_async", writes=False)
 
 
-async def _async_connection(db: object, name: str) -> AsyncConnection:
+def _async_connection(db: object, name: str) -> AbstractAsyncContextManager[AsyncConnection]:
     """The async connection of the transaction under test; a sync one is refused with the name
     of the helper's sync form."""
     from outbox.async_enqueue import async_connection  # loads SQLAlchemy's asyncio extension
 
     call = f"outbox.testing.{name}"
-    return await async_connection(db, call=f"{call}_async", sync_call=call)
+    return async_connection(db, call=f"{call}_async", sync_call=call, writes=False)
 
 
 def decode_payload(body: bytes, content_type: str) -> Any:
@@ -282,15 +282,19 @@ def decode_payload(body: bytes, content_type: str) -> Any:
 
 def _message(row: RowMapping) -> EnqueuedMessage:
     body = bytes(row["payload"])
+    headers = row["headers"]
+    if isinstance(headers, str):  # a driver that leaves JSON as text (asyncpg on its own)
+        headers = json.loads(headers)
     return EnqueuedMessage(
-        id=row["id"],
+        # A driver whose uuid typecaster is not registered (psycopg2 on its own) gives text.
+        id=row["id"] if isinstance(row["id"], uuid.UUID) else uuid.UUID(str(row["id"])),
         exchange=row["exchange"],
         routing_key=row["routing_key"],
         payload=decode_payload(body, row["content_type"]),
         body=body,
         content_type=row["content_type"],
         key=row["key"],
-        headers=dict(row["headers"] or {}),
+        headers=dict(headers or {}),
         idempotency_key=row["idempotency_key"],
         priority=row["priority"],
         max_attempts=row["max_attempts"],

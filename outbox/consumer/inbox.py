@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Delete, Engine, any_, delete, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
 
 from outbox.errors import InvalidOption
 from outbox.schema import MYSQL, inbox
+from outbox.sessions import Db, sync_connection
+
+if TYPE_CHECKING:
+    from outbox.async_enqueue import AsyncDb
 
 T = TypeVar("T")
 
@@ -38,7 +41,7 @@ _INSERT = {
 _INSERT_IGNORE = insert(inbox).prefix_with("IGNORE")
 
 
-def process_once(db: Session | Connection, *, consumer: str, message_id: str) -> bool:
+def process_once(db: Db, *, consumer: str, message_id: str) -> bool:
     """Record `message_id` for `consumer` in the caller's transaction; False if already there.
 
     For a consumer of your own (any AMQP client): call it first in the transaction that applies
@@ -48,8 +51,9 @@ def process_once(db: Session | Connection, *, consumer: str, message_id: str) ->
     `Consumer` and `Processor` call it for you.
 
     Args:
-        db: A SQLAlchemy `Session` or `Connection`, inside the transaction that applies the
-            message.
+        db: The transaction that applies the message: anything `outbox.enqueue` takes (a
+            SQLAlchemy Session, scoped_session or Connection, a DB-API connection inside its
+            transaction). For an async handle, use `process_once_async`.
         consumer: The consumer's name: each name processes every message once.
         message_id: The delivery's AMQP `message_id`.
 
@@ -58,14 +62,47 @@ def process_once(db: Session | Connection, *, consumer: str, message_id: str) ->
             processed it (acknowledge and skip it).
 
     Raises:
+        InvalidSession: `db` is none of the above.
+        NotInTransaction: `db` is a DB-API connection in autocommit mode, outside any
+            transaction: the record would commit apart from what the message changes.
         InvalidOption: `consumer` or `message_id` is empty or longer than 255 characters, or the
             database is not PostgreSQL, MySQL/MariaDB or SQLite.
     """
+    handle = sync_connection(
+        db, call="outbox.process_once", async_call="outbox.process_once_async", writes=True
+    )
+    _check(consumer, message_id)
+    with handle as conn:
+        return record(conn, consumer=consumer, message_id=message_id)
+
+
+async def process_once_async(db: AsyncDb, *, consumer: str, message_id: str) -> bool:
+    """`process_once`, for anything `outbox.enqueue_async` takes (an AsyncSession, an
+    AsyncConnection, an asyncpg connection or psycopg AsyncConnection inside its transaction).
+
+    Returns:
+        True if the id was recorded now (process the message), False if this consumer already
+            processed it (acknowledge and skip it).
+    """
+    from outbox.async_enqueue import async_connection  # SQLAlchemy's asyncio extension
+
+    handle = async_connection(
+        db, call="outbox.process_once_async", sync_call="outbox.process_once", writes=True
+    )
+    _check(consumer, message_id)
+    async with handle as conn:
+        return await conn.run_sync(record, consumer=consumer, message_id=message_id)
+
+
+def _check(consumer: str, message_id: str) -> None:
     if not consumer or not message_id:
         raise InvalidOption("process_once needs a consumer name and a message id")
     if len(consumer) > 255 or len(message_id) > 255:
         raise InvalidOption("consumer names and message ids are at most 255 characters")
-    conn = db.connection() if isinstance(db, Session) else db
+
+
+def record(conn: Connection, *, consumer: str, message_id: str) -> bool:
+    """Insert the inbox row on `conn` (values checked by the caller); whether it went in."""
     row = {"consumer": consumer, "message_id": message_id, "processed_at": _now()}
     if conn.dialect.name in MYSQL:
         return conn.execute(_INSERT_IGNORE, row).rowcount == 1

@@ -125,7 +125,7 @@ def test_enqueue_async_given_a_session_names_enqueue() -> None:
         asyncio.run(enqueue_async(session, **ARGS))  # type: ignore[arg-type]
     with (
         create_engine("sqlite://").connect() as conn,
-        pytest.raises(TypeError, match="given a Connection, which is synchronous"),
+        pytest.raises(TypeError, match=r"given a sqlalchemy\.Connection, which is synchronous"),
     ):
         asyncio.run(enqueue_async(conn, **ARGS))  # type: ignore[arg-type]
 
@@ -135,7 +135,7 @@ def test_enqueue_async_given_a_session_names_enqueue() -> None:
     [
         (None, "not a NoneType"),
         ("sqlite://", "not a str"),
-        (create_engine("sqlite://"), "not an Engine (an engine is not a transaction"),
+        (create_engine("sqlite://"), "not a sqlalchemy.Engine (an engine is not a transaction"),
     ],
     ids=["none", "url", "engine"],
 )
