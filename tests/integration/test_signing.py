@@ -9,7 +9,9 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,17 +20,17 @@ from typing import Any
 
 import pika
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, text, update
 from sqlalchemy.orm import Session
 
 import outbox
 from outbox.consumer import ERROR_HEADER, dead_queue
+from outbox.schema import message
 from outbox.signing import new_secret, signer
-from relay.cli.main import build_parser
-from relay.cli.options import configure
 from relay.core.signing import keys_text
 from tests.docs_blocks import block
 from tests.support.broker import Broker, Delivery, amqp_connection
+from tests.support.cli import environment, in_process
 from tests.support.relays import RelayFactory, drive_until_settled
 from tests.support.waiting import wait_until
 
@@ -162,18 +164,32 @@ def test_relay_signed_messages_verify_in_python_and_node_and_forgeries_do_not(
     pg_url: str,
     pg_engine: Engine,
     broker: Broker,
-    relay_factory: RelayFactory,
     amqp_url: str,
     node_consumer: Path,
+    tmp_path: Path,
 ) -> None:
     secrets = f"{new_secret()},{new_secret()}"  # two, as during a rotation
-    # The relay's keys as the command line reads them.
-    config = configure(build_parser().parse_args(["run"]), {"OUTBOX_SIGNING_KEYS": secrets})
     node_queue = broker.declare_queue(bind_to=broker.exchange)
-    relay = relay_factory(pg_url, run=False, signing_keys=config.signing_keys)
     ids = enqueue(pg_engine, broker.exchange, 5, "signed")
-    drive_until_settled(relay, 5)
-    genuine = list(broker.collect_ids([uuid.UUID(i) for i in ids]))  # a copy: it grows
+    # `outbox-relay run` as an operator starts it, the secrets in its environment.
+    env = environment(OUTBOX_SIGNING_KEYS=secrets)
+    argv = ["--db", pg_url, "--amqp", amqp_url, "run", "--poll-interval", "0.05"]
+    log_path = tmp_path / "relay.log"
+    with (
+        log_path.open("w") as log,
+        subprocess.Popen(
+            [sys.executable, "-m", "relay", *argv], env=env, stdout=log, stderr=log
+        ) as relay,
+    ):
+        try:
+            genuine = list(broker.collect_ids([uuid.UUID(i) for i in ids], timeout=20))
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            assert relay.wait(20) == 0, log_path.read_text()
+    logged = log_path.read_text()
+    assert "relay.signing" in logged, logged
+    for secret in secrets.split(","):
+        assert secret[6:] not in logged
     assert {d.message_id for d in genuine} == set(ids)
 
     forged: dict[str, tuple[bytes, pika.BasicProperties]] = {}
@@ -211,6 +227,31 @@ def test_relay_signed_messages_verify_in_python_and_node_and_forgeries_do_not(
     refused = {line.split()[1].rstrip(":") for line in said if line.startswith("refused ")}
     assert verified == set(ids), said
     assert refused == set(forged), said
+
+
+def test_a_replayed_message_is_signed_again_with_the_current_secrets(
+    pg_url: str, pg_engine: Engine, broker: Broker, relay_factory: RelayFactory
+) -> None:
+    old, new = new_secret(), new_secret()
+    [message_id] = enqueue(pg_engine, broker.exchange, 1, "replayed")
+    drive_until_settled(relay_factory(pg_url, run=False, signing_keys=keys_text(old)), 1)
+    first = broker.collect(lambda got: len(got) == 1)[0]
+    outbox.verify(first.body, first.properties.headers, old)
+    # Only failed messages are replayed: this one is made dead, as a failed one ends.
+    with pg_engine.begin() as conn:
+        conn.execute(
+            update(message).where(message.c.id == uuid.UUID(message_id)).values(state="dead")
+        )
+    code, out, err = in_process("--db", pg_url, "replay", message_id)
+    assert code == 0, out + err
+    assert "replayed 1" in out, out
+    drive_until_settled(relay_factory(pg_url, run=False, signing_keys=keys_text(new)), 1)
+    again = broker.collect(lambda got: len(got) == 2)[1]
+    assert again.message_id == first.message_id == message_id
+    assert again.body == first.body  # signing never changes the body
+    outbox.verify(again.body, again.properties.headers, new)
+    with pytest.raises(outbox.BadSignature):
+        outbox.verify(again.body, again.properties.headers, old)
 
 
 def test_the_consumer_dead_letters_what_does_not_verify(
