@@ -160,6 +160,7 @@ def node_verdicts(
 # --------------------------------------------------------------------------- the proofs
 
 
+@pytest.mark.xdist_group("node")  # npm ci, when needed, on one worker only
 def test_relay_signed_messages_verify_in_python_and_node_and_forgeries_do_not(
     pg_url: str,
     pg_engine: Engine,
@@ -420,6 +421,7 @@ def _inbox(engine: Engine) -> int:
         return int(conn.execute(text("SELECT count(*) FROM outbox_inbox")).scalar_one())
 
 
+@pytest.mark.xdist_group("node")  # npm ci, when needed, on one worker only
 def test_the_docs_consumer_is_the_one_the_tests_run(node_consumer: Path) -> None:
     assert node_consumer.read_text(encoding="utf-8") == block(PAGE, "node-consumer")
     assert json.loads((NODE_DIR / "package.json").read_text())["dependencies"] == {
