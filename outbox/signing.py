@@ -21,6 +21,7 @@ import hmac
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
+from secrets import token_bytes  # by name: `secrets` is a parameter below
 from typing import Any
 
 from outbox.errors import OutboxError
@@ -91,9 +92,7 @@ def secret_keys(secrets: str | Sequence[str]) -> tuple[bytes, ...]:
 
 def new_secret() -> str:
     """A fresh random secret (32 bytes), in the `whsec_<base64>` form."""
-    import secrets as random_source
-
-    return PREFIX + base64.b64encode(random_source.token_bytes(32)).decode("ascii")
+    return PREFIX + base64.b64encode(token_bytes(32)).decode("ascii")
 
 
 class Signer:
