@@ -5,6 +5,7 @@ that makes at-least-once delivery effectively-once.
     processor.py   one delivery: inbox, the handler's transaction, ack, retry or dead-letter copy
     policy.py      what a handler's failure leads to (pure): `Retry`, `Reject`, `ConsumerPolicy`
     inbox.py       `process_once` (and `_async`), `purge_inbox`: deduplication by message id
+    signed.py      with `signing_secrets`: a delivery's signature checked before the processor
 
 Importing this package imports pika; `import outbox` does not, until a consumer name is used.
 """
