@@ -238,14 +238,14 @@ SETTINGS: tuple[Setting, ...] = (
             "(PostgreSQL and MariaDB: any statement; MySQL: SELECTs; not set behind a pooler)",
             show=_seconds, metavar="SECONDS"),
     Setting("--signing-keys", "OUTBOX_SIGNING_KEYS", "signing_keys", keys_text,
-            "sign every message in the Standard Webhooks scheme with these whsec_<base64> "
-            "secrets, separated by commas (each signs: add the new one, later drop the old); "
+            "sign every message in the Standard Webhooks scheme with these secrets (whsec_ "
+            "and base64), separated by commas (each signs: add the new one, later drop the old); "
             "prefer the variable, since a command line is visible to other users",
             show=lambda _: "unsigned", metavar="SECRETS", secret=True, blank_refused=True),
     Setting("--signing-keys-file", "OUTBOX_SIGNING_KEYS_FILE", "signing_keys_file",
             signing_keys_file, "a TOML file of signing secrets per exchange, with an optional "
-            "default for the others (see the Signing guide)", show=_none_text, metavar="FILE",
-            secret=True),
+            "default for the others (see the Signed messages guide)", show=_none_text,
+            metavar="FILE", secret=True),
 )  # fmt: skip
 
 
