@@ -15,6 +15,7 @@ Loaded on the first plain connection: an application on SQLAlchemy sessions neve
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import uuid
 import weakref
@@ -23,8 +24,8 @@ from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, create_engine
-from sqlalchemy.dialects import registry
+from sqlalchemy import Connection, DateTime, Engine, create_engine
+from sqlalchemy.dialects import registry, sqlite
 from sqlalchemy.dialects.mysql.pymysql import MySQLDialect_pymysql
 from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg, PGDialectAsync_psycopg
@@ -78,8 +79,24 @@ class Psycopg2(_Borrowing, PGDialect_psycopg2):
         self._psycopg2_extensions.register_adapter(uuid.UUID, self._psycopg2_extras.UUID_adapter)
 
 
+class _DateTime(sqlite.DATETIME):
+    """SQLite's DATETIME, also when the caller's connection parses the column itself (Django
+    opens SQLite with PARSE_DECLTYPES and a converter for DATETIME): a datetime passes as it is."""
+
+    def result_processor(self, dialect: Any, coltype: object) -> Any:
+        parse = super().result_processor(dialect, coltype)
+        if parse is None:
+            return None
+
+        def process(value: Any) -> Any:
+            return value if isinstance(value, dt.datetime) else parse(value)
+
+        return process
+
+
 class Pysqlite(_Borrowing, SQLiteDialect_pysqlite):
     supports_statement_cache = True
+    colspecs = {**SQLiteDialect_pysqlite.colspecs, DateTime: _DateTime}
 
 
 class Pymysql(_Borrowing, MySQLDialect_pymysql):

@@ -1,0 +1,22 @@
+"""The outbox schema on a Django database, for the app's migrations (RunPython functions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from outbox import migrate, schema
+from outbox.django.connection import lent
+
+
+def upgrade(apps: Any, schema_editor: Any) -> None:
+    """Create or upgrade the outbox tables as `outbox-relay migrate` does, recording the
+    version. In the migration's transaction where the database has transactional DDL
+    (PostgreSQL, SQLite); statement by statement on MySQL and MariaDB, as any migration there."""
+    with lent(schema_editor.connection) as conn:
+        migrate.upgrade(conn)
+
+
+def drop(apps: Any, schema_editor: Any) -> None:
+    """`manage.py migrate outbox zero`: drop the outbox tables, and the messages in them."""
+    with lent(schema_editor.connection) as conn:
+        schema.metadata.drop_all(conn)
