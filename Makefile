@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # The project's extras and every development group, pinned by constraints.txt (make lock).
-EXTRAS := binary,mysql,async
+EXTRAS := binary,mysql,async,console
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
 .PHONY: help demo test docs lint typecheck unit integration bench chaos services clean lock
