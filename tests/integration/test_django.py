@@ -24,6 +24,7 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.engine import make_url
 
 from outbox.schema import SCHEMA_VERSION, schema_version
+from tests.docs_blocks import block
 from tests.support.broker import Broker
 from tests.support.cli import environment, in_process
 from tests.support.db import MYSQL_ADMIN_URL, PG_ADMIN_URL, row_count
@@ -46,12 +47,13 @@ class Site:
     database: dict[str, Any]
     url: str
 
-    def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """`python manage.py ARGS` in the project; fails the test on a non-zero exit."""
+    def manage(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """`python manage.py ARGS` in the project (with `env` added to a clean environment);
+        fails the test on a non-zero exit."""
         result = subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=PROJECT,
-            env=environment(SHOP_DATABASE=json.dumps(self.database)),
+            env=environment(SHOP_DATABASE=json.dumps(self.database), **env),
             capture_output=True,
             text=True,
             timeout=60,
@@ -124,7 +126,7 @@ def test_manage_py_migrate_makes_the_schema_the_relay_checks(site: Site) -> None
 def test_a_view_enqueues_in_its_atomic_block_and_the_relay_publishes_it(
     site: Site, broker: Broker, relay_factory: RelayFactory
 ) -> None:
-    report = json.loads(site.manage("place_orders", broker.exchange).stdout)
+    report = json.loads(site.manage("place_orders", SHOP_EXCHANGE=broker.exchange).stdout)
     assert [status for status, _ in report["placed"]] == [201, 201, 400]
     assert "transaction.atomic()" in report["refused"]
     noted, plain = (body["id"] for _, body in report["placed"][:2])
@@ -158,3 +160,15 @@ def test_manage_py_test_runs_on_the_schema_the_migrations_make(site: Site) -> No
         "OK",
         "Destroying test database for alias 'default'...",
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [
+        ("django-settings", "shop/settings.py"),
+        ("django-view", "shop/views.py"),
+        ("django-test", "shop/tests.py"),
+    ],
+)
+def test_the_guide_shows_the_code_these_tests_run(name: str, source: str) -> None:
+    assert block("guides/django.md", name) in (PROJECT / source).read_text()

@@ -14,9 +14,13 @@ pymysql.install_as_MySQLdb()
 SECRET_KEY = "only-for-the-tests"
 DEBUG = False
 ALLOWED_HOSTS = ["testserver"]
-INSTALLED_APPS = ["outbox.django", "shop"]
+INSTALLED_APPS = [
+    "outbox.django",  # its migrations create the outbox tables
+    "shop",
+]
 MIDDLEWARE: list[str] = []
 ROOT_URLCONF = "shop.urls"
 DATABASES = {"default": json.loads(os.environ["SHOP_DATABASE"])}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
+ORDERS_EXCHANGE = os.environ.get("SHOP_EXCHANGE", "orders")  # the tests give one of their own

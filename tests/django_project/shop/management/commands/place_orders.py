@@ -1,5 +1,5 @@
-"""`manage.py place_orders EXCHANGE`: three orders through the view (one with a note, one without,
-one refused) and an enqueue outside any atomic block; prints what happened as JSON."""
+"""`manage.py place_orders`: three orders through the view (one with a note, one without, one
+refused) and an enqueue outside any atomic block; prints what happened as JSON."""
 
 from __future__ import annotations
 
@@ -14,19 +14,14 @@ import outbox.django
 
 
 class Command(BaseCommand):  # type: ignore[misc]
-    def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("exchange")
-
-    def handle(self, *args: Any, exchange: str, **options: Any) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         client = Client()
         placed = []
         for order in ({"total": 5, "note": "gift"}, {"total": 7}, {"total": -1}):
-            response = client.post(
-                "/orders", {**order, "exchange": exchange}, content_type="application/json"
-            )
+            response = client.post("/orders", order, content_type="application/json")
             placed.append([response.status_code, response.json()])
         try:
-            outbox.django.enqueue(exchange=exchange, routing_key="lone", payload={})
+            outbox.django.enqueue(exchange="orders", routing_key="lone", payload={})
             refused = ""
         except outbox.NotInTransaction as exc:
             refused = str(exc)
