@@ -29,7 +29,8 @@ def run_fresh(code: str) -> object:
 LOADED = """
 import json, sys
 print(json.dumps(sorted(
-    m for m in sys.modules if m.split(".")[0] in ("pika", "relay")
+    m for m in sys.modules if m.split(".")[0] in ("pika", "relay", "django")
+    or m == "outbox.borrowed"
 )))
 """
 
