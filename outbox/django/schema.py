@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import router  # type: ignore[import-untyped]
+
 from outbox import migrate, schema
 from outbox.django.connection import lent
 
@@ -11,12 +13,15 @@ from outbox.django.connection import lent
 def upgrade(apps: Any, schema_editor: Any) -> None:
     """Create or upgrade the outbox tables as `outbox-relay migrate` does, recording the
     version. In the migration's transaction where the database has transactional DDL
-    (PostgreSQL, SQLite); statement by statement on MySQL and MariaDB, as any migration there."""
-    with lent(schema_editor.connection) as conn:
-        migrate.upgrade(conn)
+    (PostgreSQL, SQLite); statement by statement on MySQL and MariaDB, as any migration there.
+    A database the project's routers keep the app out of is left alone."""
+    if router.allow_migrate(schema_editor.connection.alias, "outbox"):
+        with lent(schema_editor.connection) as conn:
+            migrate.upgrade(conn)
 
 
 def drop(apps: Any, schema_editor: Any) -> None:
     """`manage.py migrate outbox zero`: drop the outbox tables, and the messages in them."""
-    with lent(schema_editor.connection) as conn:
-        schema.metadata.drop_all(conn)
+    if router.allow_migrate(schema_editor.connection.alias, "outbox"):
+        with lent(schema_editor.connection) as conn:
+            schema.metadata.drop_all(conn)
