@@ -5,8 +5,8 @@ COPY pyproject.toml README.md constraints.txt ./
 COPY outbox ./outbox
 COPY relay ./relay
 # python:3.11-slim has no libpq: psycopg's binary build brings its own; PyMySQL for MySQL URLs;
-# the versions the tests ran with (constraints.txt).
-RUN pip install --no-cache-dir -c constraints.txt '.[binary,mysql]' && useradd --system --uid 10001 relay
+# the console's web stack (`outbox-relay console`); the versions the tests ran with (constraints.txt).
+RUN pip install --no-cache-dir -c constraints.txt '.[binary,mysql,console]' && useradd --system --uid 10001 relay
 USER relay
 # /healthz, /readyz and /metrics when run with --http-port 9464
 EXPOSE 9464

@@ -17,7 +17,6 @@ from types import FrameType
 
 from relay.cli.options import Commands, Handler, argparse_type
 from relay.console.auth import MIN_TOKEN, is_loopback
-from relay.console.server import open_console
 from relay.errors import ConfigError
 from relay.runtime.config import RelayConfig
 from relay.runtime.readers import port
@@ -84,6 +83,13 @@ def cmd_console(config: RelayConfig, args: argparse.Namespace) -> int:
             f"--http-host {host} is not a loopback address: set {TOKEN_VARIABLE} first "
             "(beyond loopback, reads need the token too)"
         )
+    try:
+        from relay.console.server import open_console  # the `console` extra, when installed
+    except ImportError as exc:
+        raise ConfigError(
+            f"the console needs its web stack ({exc.name} is missing): "
+            "pip install 'outbox-relay[console]'"
+        ) from None
     try:
         server = open_console(
             config.db_url, host=host, port=args.http_port, token=token, trace_url=args.trace_url

@@ -1,8 +1,9 @@
 """Charts as inline SVG, drawn on the server: no script and no library in the browser.
 
 A chart is lines over time: x is the time window, y runs from zero to a round number above the
-largest value. Colours come from the stylesheet (each series has a class), so the markup carries
-only numbers and escaped labels.
+largest value. This module works out the numbers; templates/chart.html draws them. Colours come
+from the stylesheet (each series has a class), so the markup carries only numbers and escaped
+labels.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import datetime as dt
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from relay.console.html import Html, join, render
 
 WIDTH, HEIGHT = 480, 200
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 12, 26
@@ -56,9 +55,23 @@ def _label(value: float) -> str:
     return f"{value:,.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
 
 
+@dataclass(frozen=True, slots=True)
+class Chart:
+    """What templates/chart.html draws: every number worked out, every label plain text."""
+
+    title: str
+    series: Sequence[Series]
+    grid: list[dict[str, object]]
+    ticks: list[dict[str, object]]
+    lines: list[dict[str, str]]
+    empty: dict[str, object] | None
+    width: int = WIDTH
+    height: int = HEIGHT
+
+
 def line_chart(
     title: str, series: Sequence[Series], start: dt.datetime, end: dt.datetime, empty: str
-) -> Html:
+) -> Chart:
     """`series` over [start, end]; `empty` is said instead when no series has a point."""
     span = max((end - start).total_seconds(), 1.0)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
@@ -70,70 +83,23 @@ def line_chart(
     def y(v: float) -> float:
         return TOP + plot_h * (1 - v / top)
 
-    grid = [
-        render(
-            '<line class="grid" x1="$x1" y1="$y" x2="$x2" y2="$y"/>'
-            '<text class="axis" x="$lx" y="$ty" text-anchor="end">$label</text>',
-            x1=LEFT,
-            x2=WIDTH - RIGHT,
-            y=f"{y(v):.1f}",
-            lx=LEFT - 6,
-            ty=f"{y(v) + 4:.1f}",
-            label=_label(v),
-        )
+    grid: list[dict[str, object]] = [
+        {"x1": LEFT, "x2": WIDTH - RIGHT, "y": f"{y(v):.1f}", "lx": LEFT - 6,
+         "ty": f"{y(v) + 4:.1f}", "label": _label(v)}
         for v in (0.0, top / 2, top)
-    ]
-    ticks = []
+    ]  # fmt: skip
+    ticks: list[dict[str, object]] = []
     step = next((m for m in TICK_STEPS if span / (60 * m) <= MAX_TICKS), TICK_STEPS[-1])
     day = start.replace(hour=0, minute=0, second=0, microsecond=0)
     tick = day + dt.timedelta(minutes=((start - day).total_seconds() // (60 * step) + 1) * step)
     while tick < end:
-        ticks.append(
-            render(
-                '<text class="axis" x="$x" y="$y" text-anchor="middle">$label</text>',
-                x=f"{x(tick):.1f}",
-                y=HEIGHT - 8,
-                label=tick.strftime("%H:%M"),
-            )
-        )
+        ticks.append({"x": f"{x(tick):.1f}", "y": HEIGHT - 8, "label": tick.strftime("%H:%M")})
         tick += dt.timedelta(minutes=step)
     lines = [
-        render(
-            '<polyline class="line $css" points="$points"><title>$name</title></polyline>',
-            css=s.css,
-            name=s.name,
-            points=" ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in corners(s.points)),
-        )
+        {"css": s.css, "name": s.name,
+         "points": " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in corners(s.points))}
         for s in series
         if s.points
-    ]
-    if not lines:
-        lines.append(
-            render(
-                '<text class="empty" x="$x" y="$y" text-anchor="middle">$text</text>',
-                x=LEFT + plot_w / 2,
-                y=TOP + plot_h / 2,
-                text=empty,
-            )
-        )
-    legend = join(
-        render(
-            '<span class="key $css">$name$total</span>',
-            css=s.css,
-            name=s.name,
-            total="" if s.total is None else f" {s.total}",
-        )
-        for s in series
-    )
-    return render(
-        '<figure class="chart"><figcaption>$title <span class="legend">$legend</span>'
-        '</figcaption><svg viewBox="0 0 $w $h" role="img" aria-label="$title">$grid$ticks$lines'
-        "</svg></figure>",
-        title=title,
-        legend=legend,
-        w=WIDTH,
-        h=HEIGHT,
-        grid=join(grid),
-        ticks=join(ticks),
-        lines=join(lines),
-    )
+    ]  # fmt: skip
+    blank = None if lines else {"x": LEFT + plot_w / 2, "y": TOP + plot_h / 2, "text": empty}
+    return Chart(title, series, grid, ticks, lines, blank)

@@ -1,40 +1,29 @@
-"""The one place where text becomes markup.
+"""The escaping Jinja2's autoescape does not do, for the templates (relay/console/templates/).
 
-Every value put into a template goes through `render`, which escapes it (`html.escape`, quotes
-included, and control characters written out as `\\x1b` so none can act on what displays the
-page) unless it is already `Html`: the output of `render` itself. Templates are
-`string.Template`s (`$name`), always with quoted attributes; nothing in the console builds markup
-by concatenating text that a message, a header or an error carries.
+Every value a template shows goes through `visible` (Jinja2's `finalize`): control and
+bidirectional characters written out as `\\x1b` or `\\u202e`, so none can act on what displays
+the page, then HTML-escaped. A value in an attribute goes through `attribute` instead: the raw
+value, HTML-escaped and nothing else, so a form field or a hidden input sends back exactly the
+name enqueue accepted (an exchange with `\\u202e` in it resets and filters as itself).
 """
 
 from __future__ import annotations
 
 import html
-import string
-from collections.abc import Iterable
+
+from markupsafe import Markup
 
 from relay.runtime.logs import printable
 
 
-class Html(str):
-    """Markup: a template's own text with escaped values, safe to send as it is."""
-
-    __slots__ = ()
-
-
-def escape(value: object) -> Html:
-    """`value` as markup: Html as it is, anything else as escaped text (None as '-')."""
-    if isinstance(value, Html):
+def visible(value: object) -> object:
+    """`value` as text: Markup as it is, None as '-', anything else printable and escaped."""
+    if isinstance(value, Markup):
         return value
     shown = "-" if value is None else printable(str(value), keep="\n\t")
-    return Html(html.escape(shown, quote=True))
+    return Markup(html.escape(shown, quote=True))  # noqa: S704 - escaped on this line
 
 
-def render(template: str, /, **values: object) -> Html:
-    """`template` with each `$name` replaced by `values[name]`, escaped (see `escape`)."""
-    return Html(string.Template(template).substitute({k: escape(v) for k, v in values.items()}))
-
-
-def join(parts: Iterable[object], separator: str = "") -> Html:
-    """Markup and text, in order (text escaped): for lists of rows and cells."""
-    return Html(separator.join(escape(p) for p in parts))
+def attribute(value: object) -> Markup:
+    """`value` for an attribute: the raw text, HTML-escaped (quotes included)."""
+    return Markup(html.escape("" if value is None else str(value), quote=True))  # noqa: S704

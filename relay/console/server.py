@@ -1,19 +1,31 @@
-"""The console's HTTP server: the standard library's ThreadingHTTPServer handing each request to
-the Console (app.py), and every answer its security headers; `open_console` wires it all."""
+"""The console served by uvicorn in a thread of its own: `open_console` wires the database, the
+gate and the Starlette application (web.py), and binds at once (so a port in use fails before
+anything else starts); the server serves from start() until stop().
+
+Slow or idle clients cost a socket and a few objects, never a thread: uvicorn reads every
+connection on one event loop. Bounds: at most MAX_CONNECTIONS open connections (a 503 beyond);
+a request's head (line and headers) complete within HEAD_DEADLINE seconds of the connection (or
+of the previous answer) and at most MAX_HEAD bytes, else the connection is closed; an idle
+keep-alive connection closed after KEEP_ALIVE seconds.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 from outbox.schema import SCHEMA_VERSION
-from relay.console.app import MAX_BODY, SECURITY_HEADERS, Console, Request, Response
+from relay.console.app import Console
 from relay.console.auth import Gate, is_loopback
 from relay.console.monitor import Monitor
+from relay.console.web import create_app
 from relay.errors import PermissionDenied, SchemaNotFound
 from relay.store.engines import make_engine
 from relay.store.sql_store import SqlStore, open_store
@@ -23,89 +35,101 @@ from relay.store.sql_store import SqlStore, open_store
 STATEMENT_TIMEOUT = 60.0
 POOL_TIMEOUT = 10.0
 POOL_SIZE = 4
+MAX_CONNECTIONS = 1000
+HEAD_DEADLINE = 10.0
+MAX_HEAD = 16 * 1024
+KEEP_ALIVE = 5
+BACKLOG = 1024
 
 log = logging.getLogger("relay")
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+def _protocol(head_deadline: float) -> type[H11Protocol]:
+    class HeadDeadline(H11Protocol):
+        """uvicorn's HTTP/1.1 protocol, with a deadline for each request's head: its keep-alive
+        timer restarts with every byte, so on its own a client sending a byte a second would hold
+        the connection for ever."""
 
+        _deadline: asyncio.TimerHandle | None = None
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._deadline is not None and self.conn.their_state is not h11.IDLE:
+                self._deadline.cancel()  # the head is in: the request is being served
+                self._deadline = None
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(head_deadline, self._too_slow)
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadDeadline
 
 
 class ConsoleServer:
-    """Binds at once (so a port in use fails before anything else starts); serves from start()
-    until stop()."""
+    """Binds at once; serves from start() until stop()."""
 
     def __init__(
-        self, console: Console, host: str, port: int, *, close: Callable[[], None] = lambda: None
+        self,
+        console: Console,
+        host: str,
+        port: int,
+        *,
+        close: Any = lambda: None,
+        head_deadline: float = HEAD_DEADLINE,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.console = console
         self._close = close
-
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "outbox-relay-console"
-            sys_version = ""
-            timeout = 30  # seconds a connection may sit idle: a slow client cannot hold a thread
-
-            def do_GET(self) -> None:
-                self._serve("GET")
-
-            def do_POST(self) -> None:
-                self._serve("POST")
-
-            def _serve(self, method: str) -> None:
-                try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                except ValueError:
-                    length = -1
-                if not 0 <= length <= MAX_BODY:
-                    self._send(Response(413, b"request body too large\n", "text/plain"))
-                    self.close_connection = True
-                    return
-                path, _, query = self.path.partition("?")
-                request = Request(
-                    method=method,
-                    path=path,
-                    query=query,
-                    headers=self.headers,  # type: ignore[arg-type]
-                    body=self.rfile.read(length) if length else b"",
-                    client=str(self.client_address[0]),
-                )
-                try:
-                    response = console.handle(request)
-                except Exception:
-                    log.error(
-                        "console.request_failed",
-                        extra={"method": method, "path": path},
-                        exc_info=True,
-                    )
-                    response = Response(
-                        500, b"internal error: see the console's log\n", "text/plain"
-                    )
-                self._send(response)
-
-            def _send(self, response: Response) -> None:
-                self.send_response(response.status)
-                self.send_header("Content-Type", response.content_type)
-                self.send_header("Content-Length", str(len(response.body)))
-                for name, value in (*SECURITY_HEADERS, *response.headers):
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(response.body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("console.request", extra={"line": format % args})
-
-        console = self.console
-        server_class = _Server6 if ":" in host else _Server
-        self._httpd = server_class((host.strip("[]"), port), Handler)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._socket.bind((host.strip("[]"), port))
+            self._socket.listen(BACKLOG)
+        except BaseException:
+            self._socket.close()
+            raise
         self.host = host
-        self.port = int(self._httpd.server_address[1])
+        self.port = int(self._socket.getsockname()[1])
+        config = uvicorn.Config(
+            create_app(console, loopback_only=is_loopback(host)),
+            http=_protocol(head_deadline),
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            proxy_headers=False,  # the peer's address is the client: no header may claim another
+            server_header=False,
+            limit_concurrency=max_connections,
+            timeout_keep_alive=KEEP_ALIVE,
+            h11_max_incomplete_event_size=MAX_HEAD,
+            backlog=BACKLOG,
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, args=(0.1,), name="console-http", daemon=True
+            target=self._server.run,
+            kwargs={"sockets": [self._socket]},
+            name="console-http",
+            daemon=True,
         )
 
     @property
@@ -119,8 +143,9 @@ class ConsoleServer:
 
     def stop(self) -> None:
         if self._thread.is_alive():
-            self._httpd.shutdown()
-        self._httpd.server_close()
+            self._server.should_exit = True
+            self._thread.join(30)
+        self._socket.close()
         self.console.monitor.stop()
         self._close()
 
@@ -140,7 +165,13 @@ def _check_schema(store: SqlStore) -> None:
 
 
 def open_console(
-    db_url: str, *, host: str, port: int, token: str | None, trace_url: str | None
+    db_url: str,
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+    trace_url: str | None,
+    head_deadline: float = HEAD_DEADLINE,
 ) -> ConsoleServer:
     """The console on `db_url`, bound to host:port (0: any free port), not serving yet.
     OSError when the port cannot be bound; the store's errors when the database cannot be read."""
@@ -165,10 +196,9 @@ def open_console(
             store=store,
             gate=gate,
             monitor=Monitor(store, engine),
-            host=host,
             trace_url=trace_url,
         )
-        return ConsoleServer(console, host, port, close=close)
+        return ConsoleServer(console, host, port, close=close, head_deadline=head_deadline)
     except BaseException:
         close()
         raise

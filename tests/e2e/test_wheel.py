@@ -96,7 +96,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     run(sys.executable, "-m", "venv", venv, cwd=tmp)
     run(
         venv / "bin" / "python", "-m", "pip", "install", "--quiet",
-        "-c", ROOT / "constraints.txt", f"outbox-relay[binary] @ {wheel.as_uri()}",
+        "-c", ROOT / "constraints.txt", f"outbox-relay[binary,console] @ {wheel.as_uri()}",
         cwd=workdir,
     )  # fmt: skip
     return Installed(venv, workdir)

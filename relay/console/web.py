@@ -1,0 +1,210 @@
+"""The console as one Starlette application: its routes, the Guard every request passes (the
+host check, the gate, the security headers), and the errors mapped to the console's answers
+(`{"error": ...}` for the API, an error page otherwise)."""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from relay.console.app import Console, answer, credentials
+from relay.console.auth import Denied, is_loopback
+from relay.console.filters import BadRequest
+from relay.errors import DatabaseUnavailable, PermissionDenied, SchemaNotFound
+
+log = logging.getLogger("relay")
+
+MAX_BODY = 1024 * 1024
+# Sent with every answer: no framing, no sniffing, no script or style but our own files.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; "
+        "img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    # same-origin, not no-referrer: under no-referrer browsers send `Origin: null` with a POST,
+    # and the login form's same-origin check could not tell its own page from another site.
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+# Served to anyone: the assets, and the login and logout forms (which check for themselves).
+PUBLIC = frozenset(
+    {"/static/console.css", "/static/console.js", "/favicon.ico", "/login", "/logout"}
+)
+
+
+class MessageId(Convertor[str]):
+    """A message id in a path: 32 hex digits, dashes allowed (api.message_id reads it)."""
+
+    regex = "[0-9a-fA-F-]{32,36}"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+class ActionName(Convertor[str]):
+    """An action's name in a path (actions.order says which exist): letters only, so a GET of a
+    mistyped message id is a 404, not a 405 of the group actions' POST path."""
+
+    regex = "[a-z_]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("message_id", MessageId())
+register_url_convertor("action", ActionName())
+
+
+class Guard:
+    """Every request: the Host check (DNS rebinding), then the gate (a read or, for a POST to the
+    API, an action), its caller kept in `request.state.caller`; every answer: the security
+    headers."""
+
+    def __init__(self, app: ASGIApp, console: Console, *, loopback_only: bool) -> None:
+        self.app = app
+        self.console = console
+        # On a loopback address, only requests naming a loopback host are served: a web page
+        # cannot reach this console by pointing a name of its own at 127.0.0.1.
+        self.loopback_only = loopback_only
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers[name] = value
+            await send(message)
+
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, secured)
+            return
+        await self.app(scope, receive, secured)
+
+    def _refusal(self, scope: Scope) -> Response | None:
+        """The answer when this request may not go on; None when it may."""
+        path: str = scope["path"]
+        api_call = path.startswith("/api/")
+        if self.loopback_only and not _loopback_host(Headers(scope=scope).get("Host")):
+            return answer(421, {"error": "this console answers to 127.0.0.1 or localhost only"})
+        if path in PUBLIC or scope["method"] not in ("GET", "POST"):
+            return None  # the router answers 405 for other methods
+        write = scope["method"] == "POST"
+        if write and not api_call:
+            return None  # no such route: the router answers 404 or 405
+        request = Request(scope)
+        caller = self.console.gate.check(credentials(request), write=write)
+        if isinstance(caller, Denied):
+            if api_call:
+                return _denied(caller)
+            return RedirectResponse("/login", 303)
+        scope.setdefault("state", {})["caller"] = caller
+        return None
+
+
+def _denied(denied: Denied) -> Response:
+    extra = (
+        {"WWW-Authenticate": 'Bearer realm="outbox-relay console"'} if denied.status == 401 else {}
+    )
+    return answer(denied.status, {"error": denied.reason}, extra)
+
+
+def _loopback_host(header: str | None) -> bool:
+    if not header:
+        return False
+    host = urllib.parse.urlsplit(f"//{header}").hostname or ""
+    return is_loopback(host)
+
+
+def create_app(console: Console, *, loopback_only: bool) -> Starlette:
+    """The console's ASGI application."""
+    c = console
+    routes = [
+        Route("/static/console.css", c.css),
+        Route("/static/console.js", c.js),
+        Route("/favicon.ico", c.favicon),
+        Route("/login", c.login_form, methods=["GET"]),
+        Route("/login", c.login, methods=["POST"]),
+        Route("/logout", c.logout, methods=["POST"]),
+        Route("/", c.overview_page),
+        Route("/messages", c.messages_page),
+        Route("/messages/{id:message_id}", c.message_page),
+        Route("/api/overview", c.api_overview),
+        Route("/api/messages", c.api_messages),
+        Route("/api/groups", c.api_groups),
+        Route("/api/circuits/reset", c.reset_circuit, methods=["POST"]),
+        Route("/api/messages/{id:message_id}", c.api_message),
+        Route("/api/messages/{id:message_id}/{action:action}", c.act_one, methods=["POST"]),
+        Route("/api/messages/{action:action}", c.act_many, methods=["POST"]),
+    ]
+
+    def problem(status: int) -> Any:
+        def handle(request: Request, exc: Exception) -> Response:
+            return c.problem(request, status, str(exc))
+
+        return handle
+
+    def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        path, method = request.url.path, request.method
+        if exc.status_code == 404:
+            text = f"no API path {path}" if path.startswith("/api/") else f"no page {path}"
+        elif exc.status_code == 405:
+            text = f"{method} is not allowed here"
+        elif exc.status_code == 413:
+            text = "the request body is too large"
+        else:
+            text = exc.detail
+        return c.problem(request, exc.status_code, text)
+
+    def permission(request: Request, exc: Exception) -> Response:
+        # A console run as a read-only role (grants --viewer).
+        return c.problem(request, 403, f"the console's database role may not do this: {exc}")
+
+    def crashed(request: Request, exc: Exception) -> Response:
+        log.error(
+            "console.request_failed",
+            extra={"method": request.method, "path": request.url.path},
+            exc_info=exc,
+        )
+        return PlainTextResponse(
+            "internal error: see the console's log\n", 500, headers=SECURITY_HEADERS
+        )
+
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(Guard, console=c, loopback_only=loopback_only)],
+        exception_handlers={
+            BadRequest: problem(400),
+            DatabaseUnavailable: problem(503),
+            SchemaNotFound: problem(503),
+            PermissionDenied: permission,
+            HTTPException: http_error,
+            Exception: crashed,
+        },
+        max_body_size=MAX_BODY,
+    )
