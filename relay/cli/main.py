@@ -16,7 +16,17 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn
 
 from outbox.schema import SCHEMA_VERSION
-from relay.cli import circuits, console, demo, grants, messages, retention, run, schema
+from relay.cli import (
+    circuits,
+    console,
+    demo,
+    grants,
+    messages,
+    retention,
+    run,
+    schema,
+    topology,
+)
 from relay.cli.options import Handler, accept_global_options_after, add_global_options, configure
 from relay.core.urls import secrets_of
 from relay.errors import (
@@ -42,6 +52,7 @@ _COMMANDS: dict[str, Handler] = {
     **console.COMMANDS,
     **grants.COMMANDS,
     **demo.COMMANDS,
+    **topology.COMMANDS,
 }
 
 
@@ -78,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     circuits.add_parser(sub)
     console.add_parser(sub)
     grants.add_parser(sub)
+    topology.add_parser(sub)
     demo.add_parsers(sub)
     accept_global_options_after(sub)
     return parser

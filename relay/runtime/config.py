@@ -20,6 +20,7 @@ from relay.core.policy import RetryPolicy
 from relay.core.resources import SCOPES
 from relay.core.retention import RetentionPolicy
 from relay.core.signing import Keyring, keyring_of
+from relay.core.topology import Topology
 from relay.errors import ConfigError
 from relay.runtime.logs import LEVELS
 from relay.runtime.readers import (
@@ -109,6 +110,8 @@ class RelayConfig:
     # (OUTBOX_SIGNING_KEYS_FILE); neither: messages go unsigned. Their repr shows no secret.
     signing_keys: Keyring | None = None
     signing_keys_file: Keyring | None = None
+    # Exchanges and queues declared before publishing (--topology); None: the relay declares none.
+    topology: Topology | None = None
 
     @property
     def keyring(self) -> Keyring | None:

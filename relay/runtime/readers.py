@@ -20,6 +20,7 @@ from relay.core.durations import MAX_SECONDS as MAX_DURATION_SECONDS
 from relay.core.durations import positive_duration
 from relay.core.failures import FailureClass
 from relay.core.signing import Keyring, keys_toml
+from relay.core.topology import Topology, read_topology
 from relay.errors import ConfigError
 
 # The largest count accepted: what a database INTEGER holds (attempts, limits are bound into SQL).
@@ -265,5 +266,19 @@ def signing_keys_file(raw: str) -> Keyring:
         raise ValueError(f"{raw!r} cannot be read as UTF-8 text: {exc}") from None
     try:
         return keys_toml(content)
+    except ValueError as exc:
+        raise ValueError(f"{raw!r}: {exc}") from None
+
+
+def topology_file(raw: str) -> Topology:
+    """A readable TOML file describing exchanges and queues (relay/core/topology.py)."""
+    path = readable_file(raw)
+    try:
+        with open(path, "rb") as f:
+            content = f.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{raw!r} cannot be read as UTF-8 text: {exc}") from None
+    try:
+        return read_topology(content, path)
     except ValueError as exc:
         raise ValueError(f"{raw!r}: {exc}") from None

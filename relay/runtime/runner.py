@@ -10,6 +10,7 @@ from types import FrameType
 
 from outbox.schema import SCHEMA_VERSION
 from outbox.shape import Shape
+from relay.amqp import topology
 from relay.amqp.publisher import Publisher
 from relay.core.urls import secrets_of
 from relay.errors import ConfigError, RelayError, SchemaNotFound
@@ -91,6 +92,9 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
     )
     if config.keyring is not None:  # how many secrets sign where; never a secret
         log.info("relay.signing", extra={"keyring": repr(config.keyring)})
+    if config.topology is not None:
+        made = topology.apply(config.amqp_url, config.topology, tls=config.amqp_tls)
+        log.info("relay.topology_applied", extra={"file": config.topology.source, "made": made})
     publisher.start()
     return wire_relay(store, publisher, config, telemetry=telemetry)
 

@@ -38,12 +38,13 @@ from relay.runtime.readers import (
     signing_keys_file,
     switch,
     text,
+    topology_file,
 )
 from relay.runtime.urls import amqp_url, db_url
 
 RUN = frozenset({"run"})
 # The commands that talk to the broker; the others need no AMQP URL.
-BROKER_COMMANDS = frozenset({"run", "demo", "demo-producer", "demo-consumer"})
+BROKER_COMMANDS = frozenset({"run", "demo", "demo-producer", "demo-consumer", "topology"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +247,9 @@ SETTINGS: tuple[Setting, ...] = (
             signing_keys_file, "a TOML file of signing secrets per exchange, with an optional "
             "default for the others (see the Signed messages guide)", show=_none_text,
             metavar="FILE", secret=True),
+    Setting("--topology", "OUTBOX_TOPOLOGY", "topology", topology_file,
+            "a TOML file of exchanges and queues to declare before publishing (see the "
+            "Topology guide)", show=_none_text, metavar="FILE"),
 )  # fmt: skip
 
 

@@ -76,10 +76,14 @@ def _python(name: str, amqp_url: str) -> str:
 def test_the_readme_quickstart_delivers_its_message(tmp_path: Path, vhost_url: str) -> None:
     exports, migrate = _commands("quickstart-migrate")
     run_exports, (shop, relay) = _commands("quickstart-run")
-    assert migrate == [[str(BIN / "outbox-relay"), "migrate"]]
+    assert migrate == [
+        [str(BIN / "outbox-relay"), "migrate"],
+        [str(BIN / "outbox-relay"), "topology", "apply", "topology.toml"],
+    ]
     assert shop == [sys.executable, "shop.py"]
     assert relay == [str(BIN / "outbox-relay"), "run"]
-    (tmp_path / "shop.py").write_text(_python("quickstart-shop", vhost_url))
+    (tmp_path / "topology.toml").write_text(block("README.md", "quickstart-topology"))
+    (tmp_path / "shop.py").write_text(block("README.md", "quickstart-shop"))
     (tmp_path / "consume.py").write_text(_python("quickstart-consume", vhost_url))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "OTEL_"))}
@@ -91,7 +95,8 @@ def test_the_readme_quickstart_delivers_its_message(tmp_path: Path, vhost_url: s
         assert done.returncode == 0, f"{argv}: exit {done.returncode}\n{done.stderr}"
         return done
 
-    step(migrate[0])
+    for command in migrate:
+        step(command)
     step(shop)
     running = subprocess.Popen(relay, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
     try:

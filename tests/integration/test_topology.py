@@ -1,0 +1,115 @@
+"""`outbox-relay topology apply/check` against the real broker, each test in a vhost of its own:
+apply declares, twice is the same as once, check changes nothing and names what is missing or
+different, a refusal is one line naming the object and the difference, and a partitioned queue
+routes a key to one partition while unkeyed messages spread over all of them."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from relay.amqp import topology
+from relay.core.topology import read_topology
+from tests.support.cli import in_process
+from tests.support.vhosts import rabbitmqctl, vhost_url
+
+__all__ = ["vhost_url"]
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+FILE = """
+[[exchanges]]
+name = "orders"
+type = "topic"
+
+[[queues]]
+name = "billing"
+arguments = { "x-max-length" = 1000 }
+bindings = [{ exchange = "orders", routing_key = "order.*" }]
+
+[[queues]]
+name = "shipping"
+bindings = [{ exchange = "orders", routing_key = "order.*" }]
+partitions = 4
+"""
+
+
+def _queues(url: str) -> set[str]:
+    vhost = url.rsplit("/", 1)[1]
+    return set(rabbitmqctl("list_queues", "-p", vhost, "--no-table-headers", "name").split())
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "topology.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_apply_is_idempotent_and_check_sees_what_is_missing_or_different(
+    tmp_path: Path, vhost_url: str
+) -> None:
+    path = _write(tmp_path, FILE)
+    code, out, _ = in_process("topology", "check", path, "--amqp", vhost_url)
+    assert code == 1
+    assert "missing: exchange 'orders'" in out
+    assert "missing: queue 'shipping.3'" in out
+    assert _queues(vhost_url) == set(), "check declared something"
+
+    for _ in range(2):
+        code, out, err = in_process("topology", "apply", path, "--amqp", vhost_url)
+        assert code == 0, err
+    assert _queues(vhost_url) == {"billing", *(f"shipping.{i}" for i in range(4))}
+    code, out, err = in_process("topology", "check", path, "--amqp", vhost_url)
+    assert code == 0, err
+    assert "the broker has all 9 exchanges and queues" in out
+    assert "not checked: 11 bindings" in err
+
+    changed = _write(tmp_path, FILE.replace("1000", "5"))
+    code, out, _ = in_process("topology", "check", changed, "--amqp", vhost_url)
+    assert code == 1
+    assert out.strip() == (
+        "different: queue 'billing' exists on the broker with other settings: PRECONDITION_FAILED"
+        " - inequivalent arg 'x-max-length' for queue 'billing' in vhost "
+        f"'{vhost_url.rsplit('/', 1)[1]}': received '5' but current is '1000'"
+    )
+    code, out, err = in_process("topology", "apply", changed, "--amqp", vhost_url)
+    assert code == 1
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith(f"outbox-relay: topology failed: {changed}: queue 'billing' exists")
+    assert "'x-max-length'" in err
+    assert "received '5' but current is '1000'" in err
+
+
+def test_a_key_stays_in_one_partition_and_unkeyed_messages_spread(vhost_url: str) -> None:
+    topology.apply(vhost_url, read_topology(FILE))
+    conn = pika.BlockingConnection(pika.URLParameters(vhost_url))
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()
+
+        def send(headers: dict[str, Any] | None) -> None:
+            props = pika.BasicProperties(message_id=str(uuid.uuid4()), headers=headers)
+            channel.basic_publish("orders", "order.created", b"{}", props, mandatory=True)
+
+        def depths() -> list[int]:
+            return [
+                channel.queue_declare(f"shipping.{i}", passive=True).method.message_count
+                for i in range(4)
+            ]
+
+        for _ in range(40):
+            send({"x-outbox-key": "customer-7"})
+        keyed = depths()
+        assert sorted(keyed) == [0, 0, 0, 40], keyed
+        for _ in range(400):
+            send(None)
+        unkeyed = [after - before for after, before in zip(depths(), keyed, strict=True)]
+        assert sum(unkeyed) == 400
+        assert min(unkeyed) > 50, unkeyed
+    finally:
+        conn.close()
