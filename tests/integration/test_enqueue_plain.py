@@ -138,6 +138,12 @@ def test_autocommit_is_refused_before_anything_is_written(place: tuple[str, Engi
             outbox.process_once(conn, consumer="c", message_id="m")
         assert testing.enqueued(conn) == []  # reading needs no transaction
         assert _count(conn) == 0
+        cur = conn.cursor()
+        cur.execute("BEGIN")  # a transaction opened explicitly, in autocommit mode, is taken
+        outbox.enqueue(conn, **ARGS)
+        cur.execute("ROLLBACK")
+        cur.close()
+        assert _count(conn) == 0
     finally:
         conn.close()
 
