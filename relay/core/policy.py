@@ -32,6 +32,10 @@ class RetryPolicy:
     permanent: frozenset[FailureClass] = DEFAULT_PERMANENT
     backpressure_delay: float = 5.0  # wait this long (jittered) while the broker pushes back
     requeue_delay: float = 0.5  # at most this long for messages the broker never saw
+    # An unroutable message (a permanent class by default) is deferred, no attempt charged, while
+    # its exchange and routing key have been unroutable for less than this: queues declared by
+    # consumers that start after the relay catch their messages. 0: dead at once.
+    unroutable_grace: float = 300.0
 
     def attempts_allowed(self, exchange: str, message_max: int | None) -> int:
         if message_max is not None:
@@ -85,14 +89,33 @@ def decide(
     now: dt.datetime,
     rng: random.Random,
     blameless: bool = False,
+    unroutable_since: dt.datetime | None = None,
 ) -> Decision:
     """What to do with a message after a failed attempt.
 
     `blameless`: the failure is not the message's (its resource's circuit was open or probing,
     or the whole connection was lost): no attempt is burned and it is retried within
     `requeue_delay` (max age still applies).
+
+    `unroutable_since`: when this relay first saw the message's exchange and routing key
+    unroutable (None: now); a permanent unroutable failure waits out `policy.unroutable_grace`
+    from then (see `grace_wait`).
     """
     cls = failure.cls
+    if cls is FailureClass.UNROUTABLE and cls in policy.permanent and policy.unroutable_grace > 0:
+        waited = max(0.0, (now - (unroutable_since or now)).total_seconds())
+        age = (now - msg.created_at).total_seconds()
+        if policy.max_age is not None and age >= policy.max_age:
+            reason = f"older than max age ({policy.max_age:.0f} s): {failure.detail}"
+            return Dead(msg.seq, failure, reason)
+        if waited < policy.unroutable_grace:
+            wait = grace_wait(policy, waited, rng)
+            return Retry(msg.seq, now + dt.timedelta(seconds=wait), False, failure)
+        reason = (
+            f"unroutable (permanent): {failure.detail} (unroutable for {waited:.0f} s, "
+            f"past the {policy.unroutable_grace:g} s grace)"
+        )
+        return Dead(msg.seq, failure, reason)
     if cls is FailureClass.MALFORMED or cls in policy.permanent:
         return Dead(msg.seq, failure, f"{cls.value} (permanent): {failure.detail}")
     if cls in _FREE:
@@ -114,3 +137,13 @@ def decide(
         )
     wait = backoff.delay(msg.attempts, rng, base=policy.base, cap=policy.cap, floor=policy.floor)
     return Retry(msg.seq, now + dt.timedelta(seconds=wait), True, failure)
+
+
+def grace_wait(policy: RetryPolicy, waited: float, rng: random.Random) -> float:
+    """How long an unroutable message waits before it is tried again, `waited` seconds into the
+    grace: a jittered window growing with the wait (half of it), at most a tenth of the grace
+    (30 s for the default 5 minutes), so a queue declared late is found soon after it appears
+    and a relay with many such messages does not try them all every half second."""
+    top = max(policy.floor, policy.unroutable_grace / 10)
+    window = min(top, max(policy.floor, waited / 2))
+    return rng.uniform(min(policy.floor, window), window)

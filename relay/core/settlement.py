@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from relay.core.circuit import is_resource_failure
@@ -56,6 +56,7 @@ class Triage:
     published: list[int]  # confirmed seqs
     failed: list[Failed]
     circuits: dict[str, list[str | None]]  # per resource part, in order: what its circuit counts
+    confirmed: list[Row] = field(default_factory=list)  # the rows of `published`
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,7 @@ def triage(
     published: list[int] = []
     failed: list[Failed] = []
     circuits: dict[str, list[str | None]] = {}
+    confirmed: list[Row] = []
     for outcome in outcomes:
         row = rows.get(outcome.ref)
         if row is None:
@@ -84,6 +86,7 @@ def triage(
         failure = classify(outcome)
         if failure is None:  # the common case: no policy, one entry for the circuit
             published.append(row.seq)
+            confirmed.append(row)
             circuits.setdefault(part(row.exchange, row.routing_key), []).append(None)
         elif is_resource_failure(outcome, failure, permanent):
             name = part(row.exchange, row.routing_key)
@@ -91,7 +94,7 @@ def triage(
             circuits.setdefault(name, []).append(failure.detail or failure.cls.value)
         else:
             failed.append(Failed(row, failure, None, outcome.connection_lost))
-    return Triage(published, failed, circuits)
+    return Triage(published, failed, circuits, confirmed)
 
 
 def settle(
@@ -101,9 +104,12 @@ def settle(
     policy: RetryPolicy,
     now: dt.datetime,
     rng: random.Random,
+    unroutable_since: Mapping[tuple[str, str], dt.datetime] | None = None,
 ) -> Settlement:
     """The decisions for a triaged batch. `burns[part]` says, for each of the part's failures in
-    order, whether its circuit lets it burn an attempt (the circuits' answer to `circuits`)."""
+    order, whether its circuit lets it burn an attempt (the circuits' answer to `circuits`).
+    `unroutable_since[(exchange, routing_key)]`: when that destination was first seen unroutable
+    (what the grace for unroutable messages counts from)."""
     counted: dict[str, int] = {}
     failures: list[Retry | Dead] = []
     for f in triaged.failed:
@@ -116,7 +122,13 @@ def settle(
             blameless = not burns[f.part][i]
         row = f.row
         attempted = Attempted(row.seq, row.exchange, row.attempts, row.max_attempts, row.created_at)
+        since = None
+        if unroutable_since and f.failure.cls is FailureClass.UNROUTABLE:
+            since = unroutable_since.get((row.exchange, row.routing_key))
         failures.append(
-            decide(attempted, f.failure, policy=policy, now=now, rng=rng, blameless=blameless)
-        )
+            decide(
+                attempted, f.failure, policy=policy, now=now, rng=rng, blameless=blameless,
+                unroutable_since=since,
+            )
+        )  # fmt: skip
     return Settlement(triaged.published, failures)

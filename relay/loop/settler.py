@@ -15,9 +15,11 @@ import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from relay.core.failures import FailureClass
 from relay.core.policy import Dead, Retry
-from relay.core.settlement import Settlement, settle, triage
+from relay.core.settlement import Settlement, Triage, settle, triage
 from relay.loop.circuits import ResourceGuard
 from relay.loop.counts import Counts
 from relay.loop.leases import Finished, Leases
@@ -72,6 +74,9 @@ class Settler:
         self._wall = wall
         self._rng = rng
         self._pending: list[_Writing] = []
+        # (exchange, routing key) -> when first and last seen unroutable, while it lasts: the
+        # grace for unroutable messages counts from the first (relay/core/policy.py).
+        self._unroutable: dict[tuple[str, str], tuple[dt.datetime, dt.datetime]] = {}
 
     def add(self, finished: Finished) -> None:
         self._pending.append(_Writing(finished))
@@ -115,7 +120,45 @@ class Settler:
         )
         # The circuits count first: whether a failure burns an attempt depends on its circuit.
         burns = guard.record(triaged.circuits, writing.burns) if triaged.circuits else {}
-        return settle(triaged, burns, policy=config.policy, now=self._wall(), rng=self._rng)
+        now = self._wall()
+        since = self._track_unroutable(triaged, now)
+        return settle(
+            triaged, burns, policy=config.policy, now=now, rng=self._rng, unroutable_since=since
+        )
+
+    def _track_unroutable(self, triaged: Triage, now: dt.datetime) -> dict[tuple[str, str], Any]:
+        """Note the destinations seen unroutable (logged once each, when first seen) and forget
+        those that routed again or have not been seen for a grace period; return when each
+        still unroutable was first seen."""
+        seen = self._unroutable
+        unroutable = {
+            (f.row.exchange, f.row.routing_key)
+            for f in triaged.failed
+            if f.failure.cls is FailureClass.UNROUTABLE
+        }
+        if seen and triaged.published:
+            routed = {(r.exchange, r.routing_key) for r in triaged.confirmed}
+            for pair in routed - unroutable:
+                seen.pop(pair, None)
+        if not unroutable:
+            return {pair: first for pair, (first, _) in seen.items()}
+        grace = self._config.policy.unroutable_grace
+        stale = now - dt.timedelta(seconds=grace)
+        for pair in [p for p, (_, last) in seen.items() if last < stale]:
+            del seen[pair]  # not seen for a grace period: a new episode starts afresh
+        for pair in unroutable:
+            first = seen[pair][0] if pair in seen else None
+            if (
+                first is None
+                and grace > 0
+                and FailureClass.UNROUTABLE in self._config.policy.permanent
+            ):
+                log.warning(
+                    "relay.unroutable_waiting",
+                    extra={"exchange": pair[0], "routing_key": pair[1], "grace_s": grace},
+                )
+            seen[pair] = (first or now, now)
+        return {pair: first for pair, (first, _) in seen.items()}
 
     def _mark(self, pending: list[_Writing], counts: Counts) -> None:
         """Mark the confirmed rows of every chunk not marked yet: one statement per lease."""
@@ -180,4 +223,6 @@ def _count_failures(failures: list[Retry | Dead], counts: Counts) -> None:
             log.error("relay.dead_lettered", extra=extra)
         else:
             counts.retried += len(group)
-            log.warning(f"relay.{kind}", extra=extra)
+            if kind != "deferred" or cls != FailureClass.UNROUTABLE.value:
+                # An unroutable destination is logged once (relay.unroutable_waiting).
+                log.warning(f"relay.{kind}", extra=extra)

@@ -138,6 +138,11 @@ def age(raw: str) -> float | None:
     return None if raw.strip().lower() == "forever" else positive_duration(raw)
 
 
+def duration_or_zero(raw: str) -> float:
+    """A positive duration, or 0 (off)."""
+    return 0.0 if raw.strip() in ("0", "0s") else positive_duration(raw)
+
+
 def switch(raw: str) -> bool:
     words = {"1": True, "true": True, "yes": True, "on": True,
              "0": False, "false": False, "no": False, "off": False}  # fmt: skip

@@ -26,6 +26,7 @@ from relay.errors import ConfigError
 from relay.runtime.config import CIRCUIT_SCOPE, DEAD_KEY, LOG_LEVEL, RelayConfig
 from relay.runtime.readers import (
     age,
+    duration_or_zero,
     exchange_limits,
     failure_classes,
     host_name,
@@ -197,6 +198,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--permanent", "OUTBOX_PERMANENT", "policy.permanent", failure_classes,
             "failure classes dead-lettered at once, comma-separated, or 'none' (malformed rows "
             "are dead whatever this says)", show=_classes_text, metavar="CLASSES"),
+    Setting("--unroutable-grace", "OUTBOX_UNROUTABLE_GRACE", "policy.unroutable_grace",
+            duration_or_zero, "how long an unroutable message (no queue bound for its exchange "
+            "and routing key) is deferred, no attempt charged, before it is dead-lettered; "
+            "0: at once", show=format_duration, metavar="DURATION"),
     Setting("--retain-published", "OUTBOX_RETAIN_PUBLISHED", "retention.published_after", age,
             "delete published messages this long after publishing, or 'forever'",
             show=_age_text, metavar="DURATION"),

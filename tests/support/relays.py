@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import pytest
 
 from relay.amqp.publisher import Publisher
+from relay.core.policy import RetryPolicy
 from relay.loop.counts import Counts
 from relay.loop.relay import Relay
 from relay.loop.wiring import wire_relay
@@ -42,6 +43,9 @@ RELAY_TEST_CONFIG: dict[str, Any] = {
     "confirm_timeout": 5.0,
     "lease_seconds": 10.0,
     "drain_timeout": 5.0,
+    # Unroutable messages dead at once, as the tests of dead messages want them; the grace a
+    # relay gives them by default has tests of its own (test_unroutable_grace.py).
+    "policy": RetryPolicy(unroutable_grace=0.0),
 }
 
 

@@ -123,7 +123,7 @@ POLICY = RetryPolicy(max_attempts=3, max_attempts_by_exchange={"audit": 5}, max_
 @pytest.mark.parametrize(
     ("msg", "failure", "kind", "burn"),
     [
-        (_msg(), _f(FC.UNROUTABLE), Dead, None),
+        (_msg(), _f(FC.UNROUTABLE), Retry, False),  # within its grace: deferred
         (_msg(), _f(FC.DESTINATION_MISSING), Retry, True),  # a circuit matter, not permanent
         (_msg(), _f(FC.MALFORMED), Dead, None),
         (_msg(), _f(FC.REJECTED), Retry, True),
@@ -168,6 +168,37 @@ def test_a_failure_behind_an_open_circuit_burns_no_attempt(msg: Attempted, kind:
     else:
         assert isinstance(decision, Dead)
         assert "max age" in decision.reason
+
+
+def test_unroutable_waits_out_its_grace_without_burning_then_dies() -> None:
+    policy = RetryPolicy(unroutable_grace=300.0)
+    waits = []
+    for waited in (0, 10, 60, 120, 299):
+        since = NOW - dt.timedelta(seconds=waited)
+        decision = decide(
+            _msg(attempts=50), _f(FC.UNROUTABLE), policy=policy, now=NOW,
+            rng=random.Random(waited), unroutable_since=since,
+        )  # fmt: skip
+        assert isinstance(decision, Retry)
+        assert decision.burn is False  # out of attempts, still not dead: the grace decides
+        waits.append((decision.at - NOW).total_seconds())
+    # A window that grows with the wait (half of it) and stops at a tenth of the grace.
+    assert waits[0] <= policy.floor
+    assert all(w <= 30.0 for w in waits)
+    assert max(waits[2:]) > 5
+    since = NOW - dt.timedelta(seconds=300)
+    dead = decide(
+        _msg(), _f(FC.UNROUTABLE), policy=policy, now=NOW, rng=random.Random(1),
+        unroutable_since=since,
+    )  # fmt: skip
+    assert isinstance(dead, Dead)
+    assert dead.reason == (
+        "unroutable (permanent): boom (unroutable for 300 s, past the 300 s grace)"
+    )
+    at_once = RetryPolicy(unroutable_grace=0.0)
+    dead = decide(_msg(), _f(FC.UNROUTABLE), policy=at_once, now=NOW, rng=random.Random(1))
+    assert isinstance(dead, Dead)
+    assert dead.reason == "unroutable (permanent): boom"
 
 
 def test_permanence_is_configurable() -> None:

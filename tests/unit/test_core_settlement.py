@@ -145,7 +145,8 @@ def test_a_permanence_setting_moves_a_failure_out_of_the_circuits() -> None:
             {"orders": [False]},
             "dead",
         ),
-        (Row(1), Outcome(1, Fate.UNROUTABLE, "312 NO_ROUTE"), {}, "dead"),
+        # Unroutable: deferred through its grace, counted by no circuit.
+        (Row(1), Outcome(1, Fate.UNROUTABLE, "312 NO_ROUTE"), {}, "deferred"),
         (Row(1, attempts=9), Outcome(1, Fate.NOT_SENT, "no channel"), {}, "deferred"),
         (
             Row(1, attempts=3),

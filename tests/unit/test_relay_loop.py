@@ -11,6 +11,7 @@ import time
 import pytest
 
 from relay.core.outcome import Fate, Outcome
+from relay.core.policy import RetryPolicy
 from relay.loop.relay import Relay
 from relay.loop.wiring import wire_relay
 from relay.ports import Outgoing
@@ -53,12 +54,13 @@ def test_confirmed_rows_are_marked_and_failures_decided_by_the_policy() -> None:
             return Outcome(item.ref, Fate.REJECTED, "nack")
         return Outcome(item.ref, Fate.CONFIRMED)
 
-    relay, _ = make_relay(store, FakePublisher(decide=decide))
+    # Unroutable is permanent, here with no grace: dead with its reason; a nack is retried later.
+    no_grace = RetryPolicy(unroutable_grace=0.0)
+    relay, _ = make_relay(store, FakePublisher(decide=decide), policy=no_grace)
     first = relay.run_once()
     assert first.claimed == 5
     second = relay.run_once()  # settles what the publisher reported
     assert (second.published, second.retried, second.dead) == (3, 1, 1)
-    # unroutable is permanent by default: dead with its reason; a nack is retried later
     assert store.states() == {
         1: "published", 2: "dead", 3: "pending", 4: "published", 5: "published"
     }  # fmt: skip
