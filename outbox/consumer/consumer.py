@@ -31,6 +31,7 @@ from outbox.consumer.inbox import purge_batches
 from outbox.consumer.policy import ConsumerPolicy
 from outbox.consumer.processor import Handler, Processor
 from outbox.consumer.signed import Verified
+from outbox.errors import InvalidOption
 
 log = logging.getLogger("outbox.consumer")
 
@@ -51,6 +52,16 @@ def connection_parameters(
             params.ssl_options = ssl_options
         nodes.append(params)
     return nodes
+
+
+def partition_queues(queue: str, partitions: int | None) -> list[str]:
+    """The queues a consumer of `queue` reads: itself, or the partitions of a partitioned queue,
+    named as `outbox-relay topology apply` declares them (relay/core/topology.py)."""
+    if partitions is None:
+        return [queue]
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise InvalidOption(f"partitions must be a positive integer, got {partitions!r}")
+    return [f"{queue}.{i}" for i in range(partitions)]
 
 
 @dataclass
@@ -95,6 +106,12 @@ class Consumer:
             as `bad_signature` (outbox/consumer/signed.py). None: no check.
         signature_max_age: With `signing_secrets`, refuse signatures older than this many
             seconds (None: any age; a message may wait in a queue for hours).
+        partitions: `queue` is a partitioned queue of this many partitions (`partitions = N`
+            in a topology file): consume its queues `<queue>.0` ... `<queue>.<N-1>`. Each has
+            a single active consumer, so any number of processes may run this; the broker keeps
+            one active per partition and moves it to another when that one's connection dies.
+            Retries and dead letters stay per partition (`<queue>.<i>.retry.<N>s`,
+            `<queue>.<i>.dead`); the inbox name is still `name` or `queue`.
     """
 
     engine: Engine
@@ -111,22 +128,30 @@ class Consumer:
     ssl_options: pika.SSLOptions | None = None
     signing_secrets: str | Sequence[str] | None = None
     signature_max_age: float | None = None
+    partitions: int | None = None
 
     def __post_init__(self) -> None:
-        self.processor = Processor(
-            self.engine,
-            self.handler,
-            consumer=self.name or self.queue,
-            queue=self.queue,
-            policy=self.policy,
-            tracer_provider=self.tracer_provider,
-        )
-        # Secrets are read now: a bad one fails the constructor, not the first delivery.
-        self._on_message: Callable[..., str] = self.processor
-        if self.signing_secrets is not None:
-            self._on_message = Verified(
-                self.processor, self.signing_secrets, max_age=self.signature_max_age
+        self.queues = partition_queues(self.queue, self.partitions)
+        # One processor per queue consumed: a retried message goes back to its own partition.
+        self.processors = [
+            Processor(
+                self.engine,
+                self.handler,
+                consumer=self.name or self.queue,
+                queue=queue,
+                policy=self.policy,
+                tracer_provider=self.tracer_provider,
             )
+            for queue in self.queues
+        ]
+        self.processor = self.processors[0]
+        # Secrets are read now: a bad one fails the constructor, not the first delivery.
+        self._on_message: list[Callable[..., str]] = list(self.processors)
+        if self.signing_secrets is not None:
+            self._on_message = [
+                Verified(p, self.signing_secrets, max_age=self.signature_max_age)
+                for p in self.processors
+            ]
         self._lock = threading.Lock()
         self._conn: Any = None
         self._channel: Any = None
@@ -147,7 +172,8 @@ class Consumer:
         try:
             channel = conn.channel()
             channel.basic_qos(prefetch_count=self.prefetch)
-            channel.basic_consume(self.queue, self._on_message)
+            for queue, on_message in zip(self.queues, self._on_message, strict=True):
+                channel.basic_consume(queue, on_message)
             with self._lock:
                 self._conn, self._channel = conn, channel
                 stop = self._stop
