@@ -136,8 +136,14 @@ def _due(body: Mapping[str, Any], now: dt.datetime) -> dt.datetime:
 
 
 def _priority(raw: Any) -> int:
-    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
-        raw = int(raw)  # a form's number field arrives as text
+    if isinstance(raw, str):
+        # A form's number field arrives as text: ASCII digits only (int() would take "٣", and
+        # raise for "²" or 5,000 digits).
+        text = raw.strip()
+        digits = text[1:] if text.startswith("-") else text
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 10):
+            raise BadRequest(f"priority: {raw[:20]!r} is not an integer")
+        raw = int(text)
     if isinstance(raw, bool) or not isinstance(raw, int):
         raise BadRequest(f"priority must be an integer, not {raw!r}")
     if raw not in admin.PRIORITIES:

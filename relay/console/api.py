@@ -31,7 +31,7 @@ from relay.console.monitor import Snapshot
 from relay.core import circuit
 from relay.loop.circuits import log_transition
 from relay.ports import ResourceRow
-from relay.runtime.message_filter import FILTERS
+from relay.runtime.message_filter import FILTERS, TIME_FILTERS
 from relay.runtime.message_rows import jsonable
 from relay.store import admin
 from relay.store.sql_store import SqlStore
@@ -40,6 +40,24 @@ log = logging.getLogger("relay")
 
 GROUPS = 50  # failure groups shown at most
 GROUPED = ("dead",)  # the states grouped by error
+# Filters no index serves: with neither a state nor a time to narrow them, they read the whole
+# table, so they run on the console's scan engine (a short statement timeout, a pool of its own).
+UNINDEXED = ("exchange", "routing_key", "error_contains", "error_group")
+BOUNDS = ("state", *TIME_FILTERS)
+
+
+def unbounded_scan(params: Params) -> str | None:
+    """The first filter of `params` no index serves, when no state or time bounds it."""
+    if any(params.get(name) for name in BOUNDS):
+        return None
+    return next((name for name in UNINDEXED if name in params), None)
+
+
+def scan_too_long(name: str, seconds: float) -> BadRequest:
+    return BadRequest(
+        f"{name}: no index serves this filter, and reading every message for it took over "
+        f"{seconds:g} s; narrow it with a state (state=dead) or a time (created_since=1h)"
+    )
 
 
 def messages(engine: Engine, params: Params, now: dt.datetime) -> dict[str, Any]:

@@ -16,11 +16,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from outbox.dberrors import sqlstate_of
 from relay.console import api, assets, layout, overview, pages
 from relay.console.auth import (
     Caller,
@@ -30,9 +31,9 @@ from relay.console.auth import (
     expired_cookie_header,
     same_origin,
 )
-from relay.console.filters import BadRequest, filter_params, parse_query
+from relay.console.filters import BadRequest, Params, filter_params, parse_query
 from relay.console.monitor import Monitor
-from relay.errors import PermissionDenied, RelayError
+from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError
 from relay.runtime.message_rows import jsonable
 from relay.store import admin
 from relay.store import grants as store_grants
@@ -56,6 +57,8 @@ class Console:
         self,
         *,
         engine: Engine,
+        scans: Engine,
+        scan_timeout: float,
         store: SqlStore,
         gate: Gate,
         monitor: Monitor,
@@ -63,6 +66,8 @@ class Console:
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.engine = engine
+        self.scans = scans  # for unbounded scans (api.unbounded_scan)
+        self.scan_timeout = scan_timeout
         self.store = store
         self.gate = gate
         self.monitor = monitor
@@ -77,6 +82,20 @@ class Console:
                 return work()
 
         return await run_in_threadpool(run)
+
+    async def _read(self, params: Params, work: Callable[[Engine], T]) -> T:
+        """`work` on the engine `params` call for: an unbounded scan on the scan engine, whose
+        statement timeout is the operator's cue to narrow the filter (a 400, not an outage)."""
+        scan = api.unbounded_scan(params)
+        engine = self.scans if scan else self.engine
+        try:
+            return await self._db(lambda: work(engine))
+        except DatabaseUnavailable as exc:
+            cause = exc.__cause__
+            cancelled = isinstance(cause, DBAPIError) and sqlstate_of(cause.orig) == "57014"
+            if scan is not None and cancelled:
+                raise api.scan_too_long(scan, self.scan_timeout) from None
+            raise
 
     def viewer(self, request: Request) -> layout.Viewer:
         session = self.gate.session(request.headers.get("Cookie"))
@@ -106,12 +125,12 @@ class Console:
         viewer, now = self.viewer(request), self._now()
         params = parse_query(request.url.query)
 
-        def read() -> str:
-            result = api.page_of(self.engine, params, now)
-            groups = api.groups(self.engine, params, now)
+        def read(engine: Engine) -> str:
+            result = api.page_of(engine, params, now)
+            groups = api.groups(engine, params, now)
             return pages.messages(filter_params(params), result, groups, viewer)
 
-        return HTMLResponse(await self._db(read))
+        return HTMLResponse(await self._read(params, read))
 
     async def message_page(self, request: Request) -> Response:
         raw = request.path_params["id"]
@@ -135,11 +154,11 @@ class Console:
 
     async def api_messages(self, request: Request) -> Response:
         params, now = parse_query(request.url.query), self._now()
-        return answer(200, await self._db(lambda: api.messages(self.engine, params, now)))
+        return answer(200, await self._read(params, lambda e: api.messages(e, params, now)))
 
     async def api_groups(self, request: Request) -> Response:
         params, now = parse_query(request.url.query), self._now()
-        found = await self._db(lambda: api.groups(self.engine, params, now))
+        found = await self._read(params, lambda e: api.groups(e, params, now))
         return answer(200, {"groups": [] if found is None else jsonable(found)})
 
     async def api_message(self, request: Request) -> Response:

@@ -9,13 +9,16 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from relay.runtime.message_filter import FILTERS, FilterError
+from relay.runtime.message_filter import FILTERS, TEXT_FILTERS, FilterError
 from relay.runtime.message_filter import message_filter as read_filter
 from relay.store.admin import MessageFilter
 
 PAGING = ("limit", "before", "after")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
+# The longest text filter: a failure group's name is the first 200 characters of an error
+# (admin.GROUP_CHARS), and longer needles only make an unindexed scan dearer.
+MAX_TEXT = 200
 
 Params = Mapping[str, Sequence[str]]
 
@@ -49,6 +52,13 @@ def _one(params: Params, name: str) -> str | None:
 
 def message_filter(params: Params, now: dt.datetime) -> MessageFilter:
     """The filter `params` describe (other parameters are the caller's to check)."""
+    for name, values in params.items():
+        for value in values:
+            # A NUL reaches no database as text (PostgreSQL refuses it): the request is wrong.
+            if "\x00" in value:
+                raise BadRequest(f"{name}: contains a NUL character")
+            if name in TEXT_FILTERS and len(value) > MAX_TEXT:
+                raise BadRequest(f"{name}: at most {MAX_TEXT} characters, not {len(value)}")
     try:
         return read_filter(params, now)
     except FilterError as exc:

@@ -35,6 +35,10 @@ from relay.store.sql_store import SqlStore, open_store
 STATEMENT_TIMEOUT = 60.0
 POOL_TIMEOUT = 10.0
 POOL_SIZE = 4
+# A filter no index serves, unbounded by state or time (api.unbounded_scan), runs on engines of
+# its own: so many seconds at most, two at a time, whoever asks.
+SCAN_TIMEOUT = 3.0
+SCAN_POOL = 2
 MAX_CONNECTIONS = 1000
 HEAD_DEADLINE = 10.0
 MAX_HEAD = 16 * 1024
@@ -184,8 +188,17 @@ def open_console(
         pool_timeout=POOL_TIMEOUT,
     )
 
+    scans = make_engine(
+        db_url,
+        autocommit=False,
+        pool_size=SCAN_POOL,
+        statement_timeout=SCAN_TIMEOUT,
+        pool_timeout=POOL_TIMEOUT,
+    )
+
     def close() -> None:
         engine.dispose()
+        scans.dispose()
         store.close()
 
     try:
@@ -193,6 +206,8 @@ def open_console(
         gate = Gate(token, open_reads=is_loopback(host))
         console = Console(
             engine=engine,
+            scans=scans,
+            scan_timeout=SCAN_TIMEOUT,
             store=store,
             gate=gate,
             monitor=Monitor(store, engine),

@@ -8,6 +8,7 @@ import logging
 import urllib.parse
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.datastructures import Headers, MutableHeaders
@@ -26,6 +27,10 @@ from relay.errors import DatabaseUnavailable, PermissionDenied, SchemaNotFound
 log = logging.getLogger("relay")
 
 MAX_BODY = 1024 * 1024
+# Requests one client may have in progress at once: fewer than the pool's connections
+# (server.POOL_SIZE), so one client cannot take them all; beyond, a 429 at once.
+PER_CLIENT = 3
+BODY_DEADLINE = 10.0  # seconds from a request's head to the end of its body
 # Sent with every answer: no framing, no sniffing, no script or style but our own files.
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -83,6 +88,7 @@ class Guard:
     def __init__(self, app: ASGIApp, console: Console, *, loopback_only: bool) -> None:
         self.app = app
         self.console = console
+        self.busy: dict[str, int] = {}  # requests in progress, by client address
         # On a loopback address, only requests naming a loopback host are served: a web page
         # cannot reach this console by pointing a name of its own at 127.0.0.1.
         self.loopback_only = loopback_only
@@ -103,7 +109,22 @@ class Guard:
         if refusal is not None:
             await refusal(scope, receive, secured)
             return
-        await self.app(scope, receive, secured)
+        if scope["path"] in PUBLIC:
+            await self.app(scope, receive, secured)
+            return
+        client = scope["client"][0] if scope.get("client") else ""
+        if self.busy.get(client, 0) >= PER_CLIENT:
+            busy = answer(429, {"error": "too many requests at once from here; try again"},
+                          {"Retry-After": "1"})  # fmt: skip
+            await busy(scope, receive, secured)
+            return
+        self.busy[client] = self.busy.get(client, 0) + 1
+        try:
+            await self.app(scope, _within(receive, BODY_DEADLINE), secured)
+        finally:
+            self.busy[client] -= 1
+            if not self.busy[client]:
+                del self.busy[client]
 
     def _refusal(self, scope: Scope) -> Response | None:
         """The answer when this request may not go on; None when it may."""
@@ -124,6 +145,27 @@ class Guard:
             return RedirectResponse("/login", 303)
         scope.setdefault("state", {})["caller"] = caller
         return None
+
+
+def _within(receive: Receive, seconds: float) -> Receive:
+    """`receive`, with the request's body due within `seconds` (a 408 after): a client sending
+    its body a byte at a time holds a request, not a worker, and not for ever."""
+    deadline = anyio.current_time() + seconds
+    done = False
+
+    async def receive_within() -> Message:
+        nonlocal done
+        if done:
+            return await receive()
+        try:
+            with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                message = await receive()
+        except TimeoutError:
+            raise HTTPException(408, "the request's body came too slowly") from None
+        done = message["type"] != "http.request" or not message.get("more_body", False)
+        return message
+
+    return receive_within
 
 
 def _denied(denied: Denied) -> Response:
@@ -177,6 +219,8 @@ def create_app(console: Console, *, loopback_only: bool) -> Starlette:
             text = f"{method} is not allowed here"
         elif exc.status_code == 413:
             text = "the request body is too large"
+        elif exc.status_code == 400:
+            text = "the request cannot be read"
         else:
             text = exc.detail
         return c.problem(request, exc.status_code, text)
