@@ -5,7 +5,8 @@ relay its broker connection.
     python -m tests.chaos [--messages 50000] [--only NAME,...] [--databases postgresql,mariadb]
 
 --only takes name prefixes: `--only "hot keys"` runs the hot-key faults (3 keys with 80% of the
-traffic), `--only relay` only "relay SIGKILL x10".
+traffic), `--only relay` only "relay SIGKILL x10", `--only partitions` the partitioned consumers
+(4 partitions, 6 consumer processes with the inbox, 20,000 messages on 200 keys; PostgreSQL).
 
 Every fault runs on each database in turn (PostgreSQL, then MariaDB), the relay and the writers
 on a schema or database of their own.
@@ -14,12 +15,15 @@ on a schema or database of their own.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 
-from tests.chaos import mid_drain, run
+from tests.chaos import mid_drain, partitions, run
 
 BROKER, DB, HOT = {"broker": True}, {"db": True}, {"hot": True}
+PARTITIONS = "partitions: 6 consumers SIGKILLed x16, relay SIGKILL, broker cut"
 
 
 def scenarios() -> list[tuple[str, run.Fault, dict[str, bool]]]:
@@ -102,6 +106,25 @@ def main() -> int:
         if not row.ok:
             print(f"  lost ids {row.report.lost_ids}, keys out of order "
                   f"{row.report.disordered_keys}")  # fmt: skip
+    for database in databases:
+        # The consumers' side of order: PostgreSQL only (the relay's faults run on each database
+        # above; the consumers' inbox and the partitions do not depend on which one).
+        if database != "postgresql" or (
+            wanted and not any(PARTITIONS.startswith(w) for w in wanted)
+        ):
+            continue
+        started = time.monotonic()
+        print(f"chaos: {PARTITIONS}, 20,000 messages ...", flush=True)
+        row, kills = partitions.run_partitions(
+            PARTITIONS, messages=20_000, keys=200, partitions=4, consumers=6, rate=500.0,
+            workdir=Path(os.environ.get("TMPDIR", "/tmp")),
+            faults=partitions.Faults(consumer_kills=16, between=(1.0, 3.0), relay_kills=1,
+                                     broker_cuts=1),
+        )  # fmt: skip
+        rows.append(row)
+        notes.append(partitions.note(row, kills))
+        print(f"chaos: {row.fault}: {'ok' if row.ok else 'FAILED'} "
+              f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
     print()
     print(run.table(rows))
     for line in notes:

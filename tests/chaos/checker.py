@@ -80,6 +80,11 @@ class DeliveryChecker:
         with self._lock:
             return len(self._received)
 
+    def key_order(self) -> dict[str, list[str]]:
+        """Each key's message ids in commit order."""
+        with self._lock:
+            return {key: list(ids) for key, ids in self._order.items()}
+
     def committed_ids(self) -> set[str]:
         with self._lock:
             return set(self._committed)
