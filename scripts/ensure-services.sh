@@ -32,6 +32,15 @@ if ! port_open 5672; then
     fi
 fi
 
+# Partitioned queues (outbox-relay topology) need RabbitMQ's consistent-hash exchange, a plugin
+# shipped with the broker but not enabled by default.
+if command -v rabbitmq-plugins >/dev/null 2>&1 \
+    && ! rabbitmq-plugins list -e -m 2>/dev/null | grep -qx rabbitmq_consistent_hash_exchange; then
+    echo "enabling rabbitmq_consistent_hash_exchange..." >&2
+    rabbitmq-plugins enable rabbitmq_consistent_hash_exchange >/dev/null 2>&1 \
+        || { echo "error: could not enable the RabbitMQ plugin (rabbitmq-plugins enable rabbitmq_consistent_hash_exchange)" >&2; exit 1; }
+fi
+
 # MariaDB: the MySQL-family store's tests run against it. Started if installed and stopped.
 if ! port_open 3306 && [ -x /usr/sbin/mariadbd ]; then
     echo "starting MariaDB..." >&2
