@@ -1,0 +1,140 @@
+"""outbox.Consumer(partitions=N) on a partitioned queue (a topology file's `partitions = N`): every
+partition consumed, a key's messages processed in order, and the order the documentation states
+under retries: a message its handler retried comes back after its key's later messages, in its own
+partition; one that is dead-lettered is skipped. Each test in a vhost of its own."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+import outbox
+from relay.amqp import topology
+from relay.core.topology import read_topology
+from tests.support.vhosts import vhost_url
+from tests.support.waiting import wait_until
+
+__all__ = ["vhost_url"]
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+FILE = """
+[[exchanges]]
+name = "orders"
+type = "topic"
+
+[[queues]]
+name = "work"
+bindings = [{ exchange = "orders", routing_key = "order.*" }]
+partitions = 2
+"""
+KEYS = ["a", "b", "c", "d", "e", "f"]
+
+
+def _publish(amqp_url: str, per_key: int) -> dict[str, list[str]]:
+    """`per_key` messages for each key, interleaved, in order; the ids per key."""
+    ids: dict[str, list[str]] = {k: [] for k in KEYS}
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        for n in range(per_key):
+            for key in KEYS:
+                message_id = str(uuid.uuid4())
+                ids[key].append(message_id)
+                props = pika.BasicProperties(
+                    message_id=message_id, headers={"x-outbox-key": key}, delivery_mode=2
+                )
+                body = f'{{"n": {n}}}'.encode()
+                channel.basic_publish("orders", "order.created", body, props, mandatory=True)
+    finally:
+        conn.close()
+    return ids
+
+
+@pytest.fixture
+def consuming(pg_engine: Engine, vhost_url: str) -> Iterator[tuple[list[tuple[str, str]], Any]]:
+    """A partitioned consumer recording (key, id) as it processes; `fail` maps ids to the
+    exception their first attempt raises."""
+    topology.apply(vhost_url, read_topology(FILE))
+    processed: list[tuple[str, str]] = []
+    fail: dict[str, Exception] = {}
+
+    def handle(_session: Session, message: outbox.Message) -> None:
+        if message.attempt == 1 and message.id in fail:
+            raise fail[message.id]
+        processed.append((str(message.headers["x-outbox-key"]), message.id))
+
+    consumer = outbox.Consumer(
+        pg_engine, vhost_url, "work", handle, partitions=2, prefetch=1, inbox_retention=None,
+        policy=outbox.ConsumerPolicy(backoff_base=1.0, max_attempts=3),
+    )  # fmt: skip
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    consumer.ready.wait(10)
+    try:
+        yield processed, (fail, consumer)
+    finally:
+        consumer.stop()
+        thread.join(15)
+
+
+def _by_key(processed: list[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key, message_id in processed:
+        out.setdefault(key, []).append(message_id)
+    return out
+
+
+def test_every_partition_is_consumed_and_each_key_in_order(
+    consuming: tuple[list[tuple[str, str]], Any], vhost_url: str
+) -> None:
+    processed, (_, consumer) = consuming
+    ids = _publish(vhost_url, 5)
+    wait_until(lambda: len(processed) == 30, what="30 processed")
+    assert _by_key(processed) == ids
+    assert consumer.queues == ["work.0", "work.1"]
+    # Both partitions had work: the keys spread over them.
+    assert all(p.counts.get("processed", 0) > 0 for p in consumer.processors)
+
+
+def test_a_retried_message_comes_back_after_its_keys_later_ones_and_a_dead_one_is_skipped(
+    consuming: tuple[list[tuple[str, str]], Any], vhost_url: str
+) -> None:
+    processed, (fail, consumer) = consuming
+    # The ids are known only once published: fail the second of key a on its first attempt,
+    # and dead-letter the second of key b. Published after the failures are registered.
+    planned = {k: [str(uuid.uuid4()) for _ in range(4)] for k in KEYS}
+    fail[planned["a"][1]] = outbox.Retry("not yet", delay=1)
+    fail[planned["b"][1]] = outbox.Reject("never")
+    conn = pika.BlockingConnection(pika.URLParameters(vhost_url))
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        for n in range(4):
+            for key in KEYS:
+                props = pika.BasicProperties(
+                    message_id=planned[key][n], headers={"x-outbox-key": key}, delivery_mode=2
+                )
+                channel.basic_publish("orders", "order.created", b"{}", props, mandatory=True)
+    finally:
+        conn.close()
+    wait_until(lambda: len(processed) == 23, what="23 processed (one dead)")
+    by_key = _by_key(processed)
+    a = planned["a"]
+    assert by_key["a"] == [a[0], a[2], a[3], a[1]]  # the retried one last, after its delay
+    assert by_key["b"] == [planned["b"][i] for i in (0, 2, 3)]  # the dead one skipped
+    for key in KEYS[2:]:
+        assert by_key[key] == planned[key]
+    counts: dict[str, int] = {}
+    for p in consumer.processors:
+        for outcome, n in p.counts.items():
+            counts[outcome] = counts.get(outcome, 0) + n
+    assert counts == {"processed": 23, "retried": 1, "dead": 1}
