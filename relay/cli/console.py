@@ -1,9 +1,10 @@
 """`outbox-relay console`: the operator console in a browser, until SIGTERM or SIGINT.
 
-    outbox-relay console [--http-port 9465] [--http-host 127.0.0.1] [--trace-url URL]
+    outbox-relay console [--http-port 9465] [--http-host 127.0.0.1] [--open-reads] [--trace-url URL]
 
-Actions need a token, read from OUTBOX_CONSOLE_TOKEN only (a token on the command line would show
-in `ps`); without one the console only reads, and it refuses to listen beyond loopback.
+Reads and actions need a token, read from OUTBOX_CONSOLE_TOKEN only (a token on the command line
+would show in `ps`). --open-reads lets anyone on loopback read without it; without a token the
+console then only reads, and it never listens beyond loopback.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import threading
 from types import FrameType
 
 from relay.cli.options import Commands, Handler, argparse_type
-from relay.console.auth import MIN_TOKEN, is_loopback
+from relay.console.auth import is_loopback
+from relay.console.throttle import MIN_BITS, token_bits
 from relay.errors import ConfigError
 from relay.runtime.config import RelayConfig
 from relay.runtime.readers import port
@@ -42,7 +44,8 @@ def add_parser(sub: Commands) -> None:
     p = sub.add_parser(
         "console",
         help="the operator console: overview, messages, replay/reschedule/... in a browser",
-        description=f"Actions need {TOKEN_VARIABLE} (at least {MIN_TOKEN} characters).",
+        description=f"Reads and actions need {TOKEN_VARIABLE} (at least {MIN_BITS} bits: "
+        "python -c 'import secrets; print(secrets.token_urlsafe(32))').",
     )
     p.add_argument(
         "--http-port",
@@ -59,6 +62,12 @@ def add_parser(sub: Commands) -> None:
         f"needs {TOKEN_VARIABLE}, for reads too",
     )
     p.add_argument(
+        "--open-reads",
+        action="store_true",
+        help="let anyone who can reach the console read it without the token (a loopback "
+        "address only; every local account, and every container of a pod, shares loopback)",
+    )
+    p.add_argument(
         "--trace-url",
         type=argparse_type(trace_url),
         metavar="URL",
@@ -70,18 +79,27 @@ def token_from(environ: dict[str, str]) -> str | None:
     raw = environ.get(TOKEN_VARIABLE, "").strip()
     if not raw:
         return None
-    if len(raw) < MIN_TOKEN:
-        raise ConfigError(f"{TOKEN_VARIABLE} is too short: use at least {MIN_TOKEN} characters")
+    bits = token_bits(raw)
+    if bits < MIN_BITS:
+        raise ConfigError(
+            f"{TOKEN_VARIABLE} is too weak (about {bits:.0f} bits; at least {MIN_BITS} bits "
+            "needed): python -c 'import secrets; print(secrets.token_urlsafe(32))' makes one"
+        )
     return raw
 
 
 def cmd_console(config: RelayConfig, args: argparse.Namespace) -> int:
     token = token_from(dict(os.environ))
     host = args.http_host.strip()
-    if not is_loopback(host) and token is None:
+    if not is_loopback(host) and (token is None or args.open_reads):
         raise ConfigError(
-            f"--http-host {host} is not a loopback address: set {TOKEN_VARIABLE} first "
-            "(beyond loopback, reads need the token too)"
+            f"--http-host {host} is not a loopback address: set {TOKEN_VARIABLE}, and leave out "
+            "--open-reads (beyond loopback, reads need the token)"
+        )
+    if token is None and not args.open_reads:
+        raise ConfigError(
+            f"set {TOKEN_VARIABLE} (reads and actions need it), or pass --open-reads to read "
+            "without it on loopback"
         )
     try:
         from relay.console.server import open_console  # the `console` extra, when installed
@@ -92,7 +110,12 @@ def cmd_console(config: RelayConfig, args: argparse.Namespace) -> int:
         ) from None
     try:
         server = open_console(
-            config.db_url, host=host, port=args.http_port, token=token, trace_url=args.trace_url
+            config.db_url,
+            host=host,
+            port=args.http_port,
+            token=token,
+            trace_url=args.trace_url,
+            open_reads=args.open_reads,
         )
     except OSError as exc:
         raise ConfigError(
@@ -111,7 +134,7 @@ def cmd_console(config: RelayConfig, args: argparse.Namespace) -> int:
         extra={
             "url": server.url,
             "actions": "on" if token else f"off (set {TOKEN_VARIABLE})",
-            "reads": "open" if is_loopback(host) else "need the token",
+            "reads": "open" if args.open_reads else "need the token",
         },
     )
     try:

@@ -19,18 +19,11 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from outbox.dberrors import sqlstate_of
 from relay.console import api, assets, layout, overview, pages
-from relay.console.auth import (
-    Caller,
-    Credentials,
-    Gate,
-    cookie_header,
-    expired_cookie_header,
-    same_origin,
-)
+from relay.console.auth import SESSION_HEADER, Caller, Credentials, Denied, Gate, same_origin
 from relay.console.filters import BadRequest, Params, filter_params, parse_query
 from relay.console.monitor import Monitor
 from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError
@@ -98,10 +91,11 @@ class Console:
             raise
 
     def viewer(self, request: Request) -> layout.Viewer:
-        session = self.gate.session(request.headers.get("Cookie"))
+        caller = getattr(request.state, "caller", None)
+        session = caller.session if isinstance(caller, Caller) else None
         if session is None:
             return layout.Viewer(can_act=False, actions_on=self.gate.actions_on)
-        return layout.Viewer(self.gate.actions_on, self.gate.actions_on, session.name, session.csrf)
+        return layout.Viewer(self.gate.actions_on, self.gate.actions_on, session.name)
 
     # ----------------------------------------------------------------- static
 
@@ -226,29 +220,29 @@ class Console:
             return HTMLResponse(pages.login(viewer, "this form was sent from another site"), 403)
         form = await request.form()
         token, name = form.get("token", ""), form.get("name", "")
-        sid = self.gate.login(str(token), str(name))
-        if sid is None:
-            client = request.client.host if request.client else ""
+        client = request.client.host if request.client else ""
+        sid = self.gate.login(str(token), str(name), client)
+        if isinstance(sid, Denied):
             log.warning("console.login_refused", extra={"client": client})
-            return HTMLResponse(pages.login(viewer, "wrong token"), 403)
-        return RedirectResponse("/", 303, {"Set-Cookie": cookie_header(sid)})
+            headers = {"Retry-After": str(sid.retry_after)} if sid.retry_after else None
+            return HTMLResponse(pages.login(viewer, sid.reason), sid.status, headers)
+        # The page keeps the session and sends it as a header (auth.py says why not a cookie).
+        return HTMLResponse(pages.signed_in(viewer, sid))
 
     async def logout(self, request: Request) -> Response:
-        form = await request.form()
-        caller = self.gate.check(credentials(request, str(form.get("csrf", ""))), write=True)
+        caller = self.gate.check(credentials(request), write=True)
         if isinstance(caller, Caller) and caller.session is not None:
-            self.gate.logout(request.headers.get("Cookie"))
-            return RedirectResponse("/", 303, {"Set-Cookie": expired_cookie_header()})
+            self.gate.logout(request.headers.get(SESSION_HEADER))
+            return answer(200, {"summary": "Logged out."})
         return self.problem(request, 403, "log out from the console's own page")
 
 
-def credentials(request: Request, csrf: str | None = None) -> Credentials:
+def credentials(request: Request) -> Credentials:
     """What a request presents to the gate."""
     h = request.headers
     return Credentials(
         authorization=h.get("Authorization"),
-        cookie=h.get("Cookie"),
-        csrf=csrf if csrf is not None else h.get("X-CSRF-Token"),
+        session=h.get(SESSION_HEADER),
         origin=h.get("Origin"),
         host=h.get("Host"),
         operator=h.get("X-Outbox-Operator"),

@@ -1,12 +1,16 @@
 """Who may read and who may act.
 
-- Actions (every POST of the API) need the console's token (OUTBOX_CONSOLE_TOKEN): either
-  `Authorization: Bearer <token>`, or a session from the login form, whose cookie is HttpOnly and
-  SameSite=Strict, and whose CSRF token the page sends back in `X-CSRF-Token` (a form field for
-  plain forms). Without a token configured the console only reads.
-- Reads are open when the console listens on a loopback address only; elsewhere they need the
-  token or a session too.
-- No credentials: 401. Wrong credentials (token, CSRF token, a foreign Origin): 403. Either way
+- Every read and every action needs the console's token (OUTBOX_CONSOLE_TOKEN): either
+  `Authorization: Bearer <token>`, or a session from the login form. Reads may be opened to
+  anyone on loopback by choice (`--open-reads`).
+- A session is not a cookie: browsers send a host's cookies to every port of that host, so any
+  local web server the operator visits would receive one. The login page hands the session's id
+  to the page's script, which keeps it in the origin's own storage and sends it as
+  `X-Console-Session`; another page cannot send that header here (that takes CORS, which this
+  console never grants), and every write also needs the console's own Origin. A session ends
+  after IDLE_SECONDS unused, and after SESSION_SECONDS whatever.
+- Failed tokens (login or bearer) are rate limited per client (throttle.py): a 429 beyond.
+- No credentials: 401. Wrong credentials (token, a foreign or missing Origin): 403. Either way
   nothing changes.
 
 Tokens are compared in constant time. Sessions live in this process's memory: a restart logs
@@ -17,18 +21,20 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import math
 import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from relay.console.throttle import Throttle
 from relay.runtime.logs import printable
 
-COOKIE = "outbox_console"
+SESSION_HEADER = "X-Console-Session"
+IDLE_SECONDS = 30 * 60.0
 SESSION_SECONDS = 12 * 3600.0
 MAX_SESSIONS = 1000  # the oldest goes first: memory stays bounded whatever logs in
-MIN_TOKEN = 16  # characters: a token shorter than this is refused at start
 NAME_CHARS = 64
 
 
@@ -44,8 +50,8 @@ def is_loopback(host: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class Session:
     name: str  # who, for the attempt records; typed at login
-    csrf: str
-    expires: float
+    idle_until: float
+    ends: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +64,9 @@ class Caller:
 
 @dataclass(frozen=True, slots=True)
 class Denied:
-    status: int  # 401 or 403
+    status: int  # 401, 403 or 429
     reason: str
+    retry_after: int | None = None  # seconds, with a 429
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +74,7 @@ class Credentials:
     """What a request presents."""
 
     authorization: str | None
-    cookie: str | None
-    csrf: str | None  # X-CSRF-Token, or the form's csrf field
+    session: str | None  # X-Console-Session
     origin: str | None
     host: str | None
     operator: str | None  # X-Outbox-Operator: who a token-holding script acts for
@@ -88,6 +94,7 @@ class Gate:
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
+        self.throttle = Throttle(clock)
 
     @property
     def actions_on(self) -> bool:
@@ -95,37 +102,42 @@ class Gate:
 
     # ----------------------------------------------------------------- sessions
 
-    def login(self, offered: str, name: str) -> str | None:
-        """A new session's id when `offered` is the token; None otherwise."""
+    def login(self, offered: str, name: str, client: str) -> str | Denied:
+        """A new session's id when `offered` is the token; why not otherwise."""
+        slowed = self._slowed(client)
+        if slowed is not None:
+            return slowed
         if not self._matches(offered):
-            return None
+            self.throttle.failed(client)
+            return Denied(403, "wrong token")
         sid = secrets.token_urlsafe(32)
-        session = Session(
-            clean_name(name) or "console",
-            secrets.token_urlsafe(32),
-            self._clock() + SESSION_SECONDS,
-        )
+        now = self._clock()
+        session = Session(clean_name(name) or "console", now + IDLE_SECONDS, now + SESSION_SECONDS)
         with self._lock:
             while len(self._sessions) >= MAX_SESSIONS:
                 self._sessions.pop(next(iter(self._sessions)))
             self._sessions[sid] = session
         return sid
 
-    def logout(self, cookie: str | None) -> None:
-        sid = session_id(cookie)
-        if sid is not None:
+    def logout(self, sid: str | None) -> None:
+        if sid:
             with self._lock:
                 self._sessions.pop(sid, None)
 
-    def session(self, cookie: str | None) -> Session | None:
-        sid = session_id(cookie)
-        if sid is None:
+    def session(self, sid: str | None) -> Session | None:
+        """The live session `sid` names (its idle time starts again), or None."""
+        if not sid:
             return None
+        now = self._clock()
         with self._lock:
             found = self._sessions.get(sid)
-            if found is not None and found.expires <= self._clock():
+            if found is None:
+                return None
+            if min(found.idle_until, found.ends) <= now:
                 del self._sessions[sid]
-                found = None
+                return None
+            found = replace(found, idle_until=now + IDLE_SECONDS)
+            self._sessions[sid] = found
         return found
 
     # ----------------------------------------------------------------- checks
@@ -138,25 +150,33 @@ class Gate:
                 if not write and self.open_reads:
                     return Caller(f"console@{creds.client}")
                 return Denied(403, "this console has no token: start it with OUTBOX_CONSOLE_TOKEN")
+            slowed = self._slowed(creds.client)
+            if slowed is not None:
+                return slowed
             if not self._matches(bearer):
+                self.throttle.failed(creds.client)
                 return Denied(403, "wrong token")
             who = clean_name(creds.operator or "") or "token"
             return Caller(f"console:{who}@{creds.client}")
-        session = self.session(creds.cookie)
-        if session is not None:
-            if write:
-                if not same_origin(creds.origin, creds.host):
-                    return Denied(403, "the request comes from another site (Origin)")
-                if not creds.csrf or not hmac.compare_digest(
-                    creds.csrf.encode(), session.csrf.encode()
-                ):
-                    return Denied(403, "missing or wrong CSRF token: reload the page")
+        if creds.session:
+            session = self.session(creds.session)
+            if session is None:
+                return Denied(401, "the session has ended: log in again")
+            if write and (creds.origin is None or not same_origin(creds.origin, creds.host)):
+                return Denied(403, "actions come from the console's own page only (Origin)")
             return Caller(f"console:{session.name}@{creds.client}", session)
         if not write and self.open_reads:
             return Caller(f"console@{creds.client}")
         if write and not self.actions_on:
             return Denied(403, "actions are off: start the console with OUTBOX_CONSOLE_TOKEN set")
         return Denied(401, "log in, or send Authorization: Bearer <OUTBOX_CONSOLE_TOKEN>")
+
+    def _slowed(self, client: str) -> Denied | None:
+        wait = self.throttle.wait(client)
+        if not wait:
+            return None
+        seconds = max(1, math.ceil(wait))
+        return Denied(429, f"too many wrong tokens from here: try again in {seconds} s", seconds)
 
     def _matches(self, offered: str) -> bool:
         if self.token is None:
@@ -171,17 +191,9 @@ def _bearer(header: str | None) -> str | None:
     return value.strip() if scheme.lower() == "bearer" else ""
 
 
-def session_id(cookie: str | None) -> str | None:
-    """The session id in a Cookie header."""
-    for part in (cookie or "").split(";"):
-        name, _, value = part.strip().partition("=")
-        if name == COOKIE and value:
-            return value
-    return None
-
-
 def same_origin(origin: str | None, host: str | None) -> bool:
-    # Browsers send Origin with every POST; a request without one is not from another page.
+    # Browsers send Origin with every POST; a login form posted without one is not from another
+    # page (actions need one: Gate.check).
     if origin is None:
         return True
     return host is not None and origin in (f"http://{host}", f"https://{host}")
@@ -190,11 +202,3 @@ def same_origin(origin: str | None, host: str | None) -> bool:
 def clean_name(raw: str) -> str:
     """A name as recorded: one printable line, at most NAME_CHARS characters."""
     return printable(" ".join(raw.split()))[:NAME_CHARS]
-
-
-def cookie_header(sid: str) -> str:
-    return f"{COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/; Max-Age={int(SESSION_SECONDS)}"
-
-
-def expired_cookie_header() -> str:
-    return f"{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"

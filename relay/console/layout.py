@@ -21,7 +21,6 @@ class Viewer:
     can_act: bool  # signed in (a session) on a console with a token
     actions_on: bool  # the console has a token at all
     name: str | None = None  # who is signed in
-    csrf: str = ""  # the session's CSRF token, for the script and plain forms
 
 
 TEMPLATES = Environment(

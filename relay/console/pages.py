@@ -171,3 +171,13 @@ def message(found: Mapping[str, Any], viewer: Viewer, trace_url: str | None) -> 
 
 def login(viewer: Viewer, problem: str | None = None) -> str:
     return render("login.html", viewer, title="Log in", live=0, problem=problem)
+
+
+def signed_in(viewer: Viewer, session: str) -> str:
+    """The answer to a good login: the session, for the page's script to keep (auth.py)."""
+    return render("signed_in.html", viewer, title="Signed in", live=0, session=session)
+
+
+def needs_session(viewer: Viewer) -> str:
+    """A page asked for without credentials: the frame; the script brings the session."""
+    return render("needs_session.html", viewer, title="Log in", live=0)

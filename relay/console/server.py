@@ -175,9 +175,11 @@ def open_console(
     port: int,
     token: str | None,
     trace_url: str | None,
-    head_deadline: float = HEAD_DEADLINE,
+    open_reads: bool = False,
 ) -> ConsoleServer:
-    """The console on `db_url`, bound to host:port (0: any free port), not serving yet.
+    """The console on `db_url`, bound to host:port (0: any free port), not serving yet; reads
+    need the token unless `open_reads` (a loopback address only: every local account, and every
+    container of a pod, shares loopback).
     OSError when the port cannot be bound; the store's errors when the database cannot be read."""
     store = open_store(db_url, statement_timeout=STATEMENT_TIMEOUT)
     engine = make_engine(
@@ -203,7 +205,9 @@ def open_console(
 
     try:
         _check_schema(store)
-        gate = Gate(token, open_reads=is_loopback(host))
+        if open_reads and not is_loopback(host):
+            raise ValueError(f"reads may be open on a loopback address only, not {host}")
+        gate = Gate(token, open_reads=open_reads)
         console = Console(
             engine=engine,
             scans=scans,
@@ -213,7 +217,7 @@ def open_console(
             monitor=Monitor(store, engine),
             trace_url=trace_url,
         )
-        return ConsoleServer(console, host, port, close=close, head_deadline=head_deadline)
+        return ConsoleServer(console, host, port, close=close, head_deadline=HEAD_DEADLINE)
     except BaseException:
         close()
         raise

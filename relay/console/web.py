@@ -15,13 +15,15 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from relay.console import pages
 from relay.console.app import Console, answer, credentials
 from relay.console.auth import Denied, is_loopback
 from relay.console.filters import BadRequest
+from relay.console.layout import Viewer
 from relay.errors import DatabaseUnavailable, PermissionDenied, SchemaNotFound
 
 log = logging.getLogger("relay")
@@ -140,9 +142,12 @@ class Guard:
         request = Request(scope)
         caller = self.console.gate.check(credentials(request), write=write)
         if isinstance(caller, Denied):
-            if api_call:
+            if api_call or caller.status != 401:
                 return _denied(caller)
-            return RedirectResponse("/login", 303)
+            # A page opened without a session: its frame, whose script fetches the page again
+            # with the session it keeps, or goes to the login form.
+            viewer = Viewer(can_act=False, actions_on=self.console.gate.actions_on)
+            return HTMLResponse(pages.needs_session(viewer), 401)
         scope.setdefault("state", {})["caller"] = caller
         return None
 
@@ -169,9 +174,11 @@ def _within(receive: Receive, seconds: float) -> Receive:
 
 
 def _denied(denied: Denied) -> Response:
-    extra = (
-        {"WWW-Authenticate": 'Bearer realm="outbox-relay console"'} if denied.status == 401 else {}
-    )
+    extra = {}
+    if denied.status == 401:
+        extra["WWW-Authenticate"] = 'Bearer realm="outbox-relay console"'
+    if denied.retry_after is not None:
+        extra["Retry-After"] = str(denied.retry_after)
     return answer(denied.status, {"error": denied.reason}, extra)
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, event, select, update
 
 import outbox
 from outbox.schema import attempt, message
-from relay.console.auth import COOKIE, Credentials, Denied, Gate
+from relay.console.auth import IDLE_SECONDS, SESSION_HEADER, Credentials, Denied, Gate
 from relay.console.server import ConsoleServer, open_console
 from relay.core import circuit
 from relay.core.circuit import CircuitSettings
@@ -128,7 +128,7 @@ def test_messages_are_filtered_paged_by_keyset_and_shown_one_by_one(
     orders = enqueue(app_engine, 5)
     audit = enqueue(app_engine, 2, exchange="audit")
     kill(app_engine, orders[:2], "unroutable: NO_ROUTE")
-    with client(console) as http:
+    with bearer(console) as http:
         pages, cursor = [], None
         while True:
             got = http.get("/api/messages", params={"limit": 3, "before": cursor} if cursor
@@ -160,7 +160,7 @@ def test_messages_are_filtered_paged_by_keyset_and_shown_one_by_one(
         as_text = outbox.enqueue(conn, exchange="x", routing_key="r", payload="héllo\nworld")
         as_bytes = outbox.enqueue(conn, exchange="x", routing_key="r", payload=b"\x00\xffab")
     set_rows(app_engine, [as_json], traceparent=TRACEPARENT)
-    with client(console) as http:
+    with bearer(console) as http:
         shown = http.get(f"/api/messages/{as_json}").json()
         assert shown["payload"] == {"kind": "json", "text": '{\n  "a": [\n    1,\n    2\n  ]\n}',
                                     "size": 11, "truncated": False}  # fmt: skip
@@ -187,7 +187,7 @@ def test_dead_messages_are_grouped_by_error_and_a_group_is_replayed_at_once(
     kill(app_engine, unroutable, "unroutable (permanent): NO_ROUTE")
     kill(app_engine, missing, "destination_missing: 404 NOT_FOUND - no exchange 'orders'")
     kill(app_engine, other, "unroutable (permanent): NO_ROUTE")
-    with client(console) as http:
+    with bearer(console) as http:
         groups = http.get("/api/groups").json()["groups"]
     assert [(g["exchange"], g["error"], g["count"]) for g in groups] == [
         ("orders", "unroutable (permanent): NO_ROUTE", 3),
@@ -435,7 +435,7 @@ def test_a_missing_or_wrong_token_gets_401_or_403_and_changes_nothing(
         refused = anonymous.post(url)
         assert refused.status_code == 401
         assert refused.headers["WWW-Authenticate"].startswith("Bearer")
-        assert anonymous.get("/api/messages").status_code == 200  # reads are open on loopback
+        assert anonymous.get("/api/messages").status_code == 401  # reads need the token too
     with client(lite, Authorization="Bearer not-the-token") as wrong:
         assert wrong.post(url).status_code == 403
     with client(lite, Authorization=f"Bearer {TOKEN}x") as almost:
@@ -449,7 +449,8 @@ def test_a_missing_or_wrong_token_gets_401_or_403_and_changes_nothing(
 def test_a_console_without_a_token_only_reads(sqlite_url: str, lite_engine: Engine) -> None:
     (dead,) = enqueue(lite_engine, 1)
     kill(lite_engine, [dead], "rejected")
-    server = open_console(sqlite_url, host="127.0.0.1", port=0, token=None, trace_url=None)
+    server = open_console(sqlite_url, host="127.0.0.1", port=0, token=None, trace_url=None,
+                          open_reads=True)  # fmt: skip
     server.start()
     try:
         with client(server, Authorization=f"Bearer {TOKEN}") as http:
@@ -467,8 +468,8 @@ def test_beyond_loopback_reads_need_the_token_too() -> None:
     gate = Gate(TOKEN, open_reads=False)
 
     def creds(**kw: str | None) -> Credentials:
-        base: dict[str, Any] = {"authorization": None, "cookie": None, "csrf": None,
-                                "origin": None, "host": "console.example", "operator": None,
+        base: dict[str, Any] = {"authorization": None, "session": None, "origin": None,
+                                "host": "console.example", "operator": None,
                                 "client": "10.0.0.7"}  # fmt: skip
         return Credentials(**(base | kw))
 
@@ -480,46 +481,57 @@ def test_beyond_loopback_reads_need_the_token_too() -> None:
     assert allowed.who == "console:token@10.0.0.7"
 
 
-def test_the_login_form_sets_a_session_cookie_whose_actions_need_the_csrf_token(
+def test_the_login_form_gives_the_page_a_session_whose_actions_need_its_origin(
     lite: ConsoleServer, lite_engine: Engine
 ) -> None:
     (dead,) = enqueue(lite_engine, 1)
     kill(lite_engine, [dead], "rejected")
     url = f"/api/messages/{dead}/replay"
+    origin = lite.url.rstrip("/")
     with client(lite) as browser:
         wrong = browser.post("/login", data={"token": "guess-guess-guess", "name": "mallory"})
         assert wrong.status_code == 403
         assert "wrong token" in wrong.text
-        assert COOKIE not in browser.cookies
         signed_in = browser.post("/login", data={"token": TOKEN, "name": "bob"})
-        assert signed_in.status_code == 303
-        cookie = signed_in.headers["Set-Cookie"]
-        assert "HttpOnly" in cookie
-        assert "SameSite=Strict" in cookie
-        page = browser.get(f"/messages/{dead}").text
-        csrf = page.split('<meta name="csrf-token" content="', 1)[1].split('"', 1)[0]
-        assert len(csrf) > 20
+        assert signed_in.status_code == 200
+        assert "Set-Cookie" not in signed_in.headers  # a cookie would go to every local port
+        marker = '<meta name="console-session" content="'
+        session = signed_in.text.split(marker, 1)[1].split('"', 1)[0]
+        assert len(session) > 40
+        assert browser.get(f"/messages/{dead}").status_code == 401  # no session, no page
+        mine = {SESSION_HEADER: session}
+        page = browser.get(f"/messages/{dead}", headers=mine).text
         assert "signed in as <b>bob</b>" in page
 
-        assert browser.post(url).status_code == 403  # the cookie alone is not enough
-        assert browser.post(url, headers={"X-CSRF-Token": csrf + "x"}).status_code == 403
-        foreign = browser.post(
-            url, headers={"X-CSRF-Token": csrf, "Origin": "https://evil.example"}
-        )
+        assert browser.post(url, headers=mine).status_code == 403  # no Origin: not the page
+        foreign = browser.post(url, headers={**mine, "Origin": "https://evil.example"})
         assert foreign.status_code == 403
         assert row(lite_engine, dead).state == "dead"
         form_post = browser.post(url, content=b'{"x": 1}', headers={
-            "X-CSRF-Token": csrf, "Content-Type": "text/plain"})  # fmt: skip
+            **mine, "Origin": origin, "Content-Type": "text/plain"})  # fmt: skip
         assert form_post.status_code == 400  # a cross-site form cannot send JSON
         assert row(lite_engine, dead).state == "dead"
 
-        done = browser.post(url, headers={"X-CSRF-Token": csrf, "Origin": lite.url.rstrip("/")})
+        done = browser.post(url, headers={**mine, "Origin": origin})
         assert done.status_code == 200, done.text
         assert operator_records(lite_engine, dead)[0].relay_id == "console:bob@127.0.0.1"
 
-        out = browser.post("/logout", data={"csrf": csrf})
-        assert out.status_code == 303
-        assert browser.post(url, headers={"X-CSRF-Token": csrf}).status_code == 401
+        out = browser.post("/logout", headers={**mine, "Origin": origin})
+        assert out.status_code == 200
+        assert browser.post(url, headers={**mine, "Origin": origin}).status_code == 401
+
+
+def test_a_session_ends_when_left_idle() -> None:
+    now = [1000.0]
+    gate = Gate(TOKEN, open_reads=False, clock=lambda: now[0])
+    sid = gate.login(TOKEN, "ann", "127.0.0.1")
+    assert isinstance(sid, str)
+    now[0] += IDLE_SECONDS - 1
+    assert gate.session(sid) is not None  # used: idle from now on
+    now[0] += IDLE_SECONDS - 1
+    assert gate.session(sid) is not None
+    now[0] += IDLE_SECONDS + 1
+    assert gate.session(sid) is None
 
 
 # --------------------------------------------------------------------------- hostile text
@@ -537,7 +549,7 @@ def test_hostile_text_a_message_carries_is_escaped_on_every_page(
             key=f"k{HOSTILE}", headers={"h": HOSTILE_ATTR, HOSTILE: "v"},
         )  # fmt: skip
     kill(lite_engine, [message_id], f"rejected {HOSTILE} \x1b[2J {HOSTILE_ATTR}")
-    with client(lite) as http:
+    with bearer(lite) as http:
         lite.console.monitor.refresh()
         pages = {
             "overview": http.get("/").text,
@@ -569,7 +581,7 @@ def test_the_overview_counts_what_a_running_relay_did(
     enqueue(app_engine, 1, exchange=unbound)
     broker.collect_ids(sent)
     wait_until(lambda: states(app_engine) == {"published": 4, "dead": 1}, what="4 sent, 1 dead")
-    with client(console) as http:
+    with bearer(console) as http:
         console.console.monitor.refresh()
         seen = http.get("/api/overview").json()
         page = http.get("/").text
@@ -632,7 +644,8 @@ def test_a_page_is_an_index_scan_however_many_rows_the_table_holds(
         engine.dispose()
     assert len(seen) == 3
     # Beside that many rows the overview's published count is an estimate, and says so.
-    server = open_console(pg_url, host="127.0.0.1", port=0, token=None, trace_url=None)
+    server = open_console(pg_url, host="127.0.0.1", port=0, token=None, trace_url=None,
+                          open_reads=True)  # fmt: skip
     server.start()
     try:
         server.console.monitor.refresh()

@@ -1,11 +1,15 @@
 
 'use strict';
-const csrf = () => document.querySelector('meta[name="csrf-token"]')?.content || '';
+// The session is kept in this origin's storage, not in a cookie (browsers send a host's cookies
+// to every port of it), and sent as a header, which no other site's page can send here.
+const KEY = 'outbox-console-session';
+const session = () => localStorage.getItem(KEY) || '';
+const withSession = () => (session() ? {'X-Console-Session': session()} : {});
 
 async function post(url, body) {
   const res = await fetch(url, {
-    method: 'POST', credentials: 'same-origin',
-    headers: {'Content-Type': 'application/json', 'X-CSRF-Token': csrf()},
+    method: 'POST', credentials: 'omit',
+    headers: {'Content-Type': 'application/json', ...withSession()},
     body: JSON.stringify(body),
   });
   let json = {};
@@ -56,10 +60,25 @@ async function act(form) {
   const dry = await post(url, {...body, dry_run: true});
   if (!dry.ok) { tell(dry.json.error || `failed (${dry.status})`, true); return; }
   if (!await ask(dry.json.summary, dry.json.would_change !== 0)) return;
+  // A group acts only on what the dry run counted (the server answers 409 if that changed).
+  if (dry.json.bound) body.bound = dry.json.bound;
   const done = await post(url, body);
   const text = done.json.summary || done.json.error || `failed (${done.status})`;
   sessionStorage.setItem('outbox-console-result', JSON.stringify([text, !done.ok]));
   location.reload();
+}
+
+async function fetchPage() {
+  const res = await fetch(location.href, {credentials: 'omit', headers: withSession()});
+  if (!res.ok) return {status: res.status, page: null};
+  return {status: res.status, page: new DOMParser().parseFromString(await res.text(), 'text/html')};
+}
+
+function swap(page) {
+  for (const selector of ['#live', 'header .who']) {
+    const fresh = page.querySelector(selector);
+    if (fresh) document.querySelector(selector).replaceWith(fresh);
+  }
 }
 
 async function live() {
@@ -69,15 +88,43 @@ async function live() {
     if (document.querySelector('dialog[open]') || document.hidden) return;
     const active = document.activeElement;
     if (active && active.closest('#live form')) return;
-    const res = await fetch(location.href, {credentials: 'same-origin'});
-    if (!res.ok) return;
-    const page = new DOMParser().parseFromString(await res.text(), 'text/html');
-    const fresh = page.getElementById('live');
-    if (fresh) document.getElementById('live').replaceWith(fresh);
+    const {page} = await fetchPage();
+    if (page) swap(page);
   }, seconds * 1000);
 }
 
+// A page served without credentials: fetch it again with the session, or log in.
+async function withStoredSession() {
+  if (!session()) { location.replace('/login'); return false; }
+  const {status, page} = await fetchPage();
+  if (!page) {
+    if (status === 401) { localStorage.removeItem(KEY); location.replace('/login'); }
+    else tell(`failed (${status})`, true);
+    return false;
+  }
+  swap(page);
+  document.title = page.title;
+  document.body.dataset.live = page.body.dataset.live || '';
+  return true;
+}
+
+async function logout() {
+  await fetch('/logout', {method: 'POST', credentials: 'omit', headers: withSession()});
+  localStorage.removeItem(KEY);
+  location.assign('/login');
+}
+
 document.addEventListener('submit', (event) => {
+  if (event.target.closest('form.logout')) {
+    event.preventDefault();
+    logout().catch((e) => tell(String(e), true));
+    return;
+  }
+  if (event.target.closest('form.filters')) {
+    // A blank field filters nothing: left out, so that `exchange=` can mean the default exchange.
+    for (const input of event.target.querySelectorAll('input')) input.disabled = !input.value;
+    return;
+  }
   const form = event.target.closest('form[data-url]');
   if (!form) return;
   event.preventDefault();
@@ -89,7 +136,15 @@ document.addEventListener('change', (event) => {
   for (const box of document.querySelectorAll('input.pick')) box.checked = event.target.checked;
 });
 
-document.addEventListener('DOMContentLoaded', () => {
+document.addEventListener('DOMContentLoaded', async () => {
+  const signedIn = document.querySelector('meta[name="console-session"]');
+  if (signedIn) {
+    localStorage.setItem(KEY, signedIn.content);
+    location.replace('/');
+    return;
+  }
+  if (document.querySelector('meta[name="console-needs-session"]') &&
+      !await withStoredSession()) return;
   const saved = sessionStorage.getItem('outbox-console-result');
   if (saved) {
     sessionStorage.removeItem('outbox-console-result');
