@@ -14,6 +14,7 @@ import pytest
 
 from relay.amqp import topology
 from relay.core.topology import read_topology
+from tests.docs_blocks import block
 from tests.support.cli import in_process
 from tests.support.vhosts import rabbitmqctl, vhost_url
 
@@ -113,3 +114,22 @@ def test_a_key_stays_in_one_partition_and_unkeyed_messages_spread(vhost_url: str
         assert min(unkeyed) > 50, unkeyed
     finally:
         conn.close()
+
+
+def test_the_guides_file_applies_and_checks_and_its_consumer_reads_every_partition(
+    tmp_path: Path, vhost_url: str
+) -> None:
+    path = _write(tmp_path, block("guides/topology.md", "topology-file"))
+    code, _, err = in_process("topology", "apply", path, "--amqp", vhost_url)
+    assert code == 0, err
+    code, out, err = in_process("topology", "check", path, "--amqp", vhost_url)
+    assert code == 0, out + err
+    assert {"billing.orders", "orders.dead", "shipping.orders.3"} <= _queues(vhost_url)
+
+    code_text = block("guides/topology.md", "topology-consumer")
+    assert "consumer.run()" in code_text
+    namespace: dict[str, Any] = {}
+    exec(code_text.replace("consumer.run()", ""), namespace)  # builds it; runs nothing
+    consumer = namespace["consumer"]
+    assert consumer.queues == [f"shipping.orders.{i}" for i in range(4)]
+    assert [p.queue for p in consumer.processors] == consumer.queues
