@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from outbox.states import State
-from relay.console.filters import BadRequest, describe, message_filter, only
+from relay.console.filters import BadRequest, describe, kept, message_filter, only
 from relay.core.durations import parse_duration, parse_moment
 from relay.runtime.message_filter import FILTERS
 from relay.store import admin
@@ -252,9 +252,9 @@ def group_filter(raw: Any, now: dt.datetime) -> tuple[admin.MessageFilter, str]:
         values = value if isinstance(value, list) else [value]
         if not all(isinstance(v, str) for v in values):
             raise BadRequest(f"filter {name} must be text or a list of text")
-        kept = [v for v in values if v.strip()]
-        if kept:
-            params[str(name)] = kept
+        said = kept(str(name), values)
+        if said:
+            params[str(name)] = said
     only(params, FILTERS)
     if not params:
         # As `outbox-relay replay` wants --state: "everything" is never an accident.
@@ -262,33 +262,89 @@ def group_filter(raw: Any, now: dt.datetime) -> tuple[admin.MessageFilter, str]:
     return message_filter(params, now), describe(params)
 
 
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """What a group's dry run counted: `count` messages up to seq `last` (None: none), the
+    filter's relative times read at `at`. A confirmation carrying it acts on those alone."""
+
+    count: int
+    last: int | None
+    at: dt.datetime
+
+    def json(self) -> dict[str, Any]:
+        return {"count": self.count, "last_seq": self.last, "at": self.at.isoformat()}
+
+
+def bound_of(raw: Any) -> Bound:
+    """The bound a confirmation sends back, as its dry run gave it."""
+    wrong = BadRequest('bound: give it back as the dry run gave it ({"count", "last_seq", "at"})')
+    if not isinstance(raw, Mapping) or set(raw) != {"count", "last_seq", "at"}:
+        raise wrong
+    count, last, at = raw["count"], raw["last_seq"], raw["at"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
+        raise wrong
+    if last is not None and (isinstance(last, bool) or not isinstance(last, int)
+                             or not 0 <= last < 2**63):  # fmt: skip
+        raise wrong
+    try:
+        when = dt.datetime.fromisoformat(at) if isinstance(at, str) else None
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise wrong
+    return Bound(count, last, when)
+
+
 def run_group(
-    engine: Engine, o: Order, flt: admin.MessageFilter, described: str, now: dt.datetime, by: str
-) -> dict[str, Any]:
+    engine: Engine,
+    o: Order,
+    flt: admin.MessageFilter,
+    described: str,
+    now: dt.datetime,
+    by: str,
+    bound: Bound | None = None,
+) -> tuple[int, dict[str, Any]]:
     """Every message `flt` matches that the action can change, in batches (never all ids in
-    memory, nor in one statement)."""
+    memory, nor in one statement). A dry run returns its Bound; given one, only the messages
+    it counted change, and none if they are no longer what it counted (409)."""
     a = o.action
     states = [s for s in (flt.states or a.states) if s in a.states]
     noun = f"messages matching {described}"
     if not states:
-        return {
+        return 200, {
             "dry_run": o.dry_run,
             "would_change" if o.dry_run else "changed": 0,
             "summary": f"Nothing to do: only {a.allowed} can be {a.past}.",
         }
     target = replace(flt, states=states)
     if o.dry_run:
-        n = admin.count_messages(engine, target)
-        return {
+        n, last = admin.count_and_last(engine, target)
+        return 200, {
             "dry_run": True,
             "would_change": n,
+            "bound": Bound(n, last, now).json(),
             "summary": o.sentence(f"{n} {noun}") + f" (only {a.allowed} change).",
         }
+    acted = target
+    if bound is not None:
+        acted = replace(target, max_seq=-1 if bound.last is None else bound.last)
+        now_counted = admin.count_messages(engine, acted)
+        if now_counted != bound.count:
+            return 409, {
+                "changed": 0,
+                "would_change": now_counted,
+                "error": f"{now_counted} messages match now, {bound.count} when counted: "
+                "nothing changed; look again before acting",
+            }
     seen = done = 0
-    for batch in admin.matching_batches(engine, target, BATCH):
+    for batch in admin.matching_batches(engine, acted, BATCH):
         seen += len(batch)
         done += len(o.apply(engine, batch, now, by))
     summary = o.sentence(f"{done} {noun}", done=True) + "."
     if seen > done:
         summary += f" {seen - done} changed state meanwhile and were left alone."
-    return {"changed": done, "skipped": seen - done, "summary": summary}
+    if bound is not None:
+        newer = admin.count_messages(engine, target)
+        if newer:
+            summary += f" {newer} more match now and were left alone."
+    return 200, {"changed": done, "skipped": seen - done, "summary": summary}

@@ -42,7 +42,7 @@ GROUPS = 50  # failure groups shown at most
 GROUPED = ("dead",)  # the states grouped by error
 # Filters no index serves: with neither a state nor a time to narrow them, they read the whole
 # table, so they run on the console's scan engine (a short statement timeout, a pool of its own).
-UNINDEXED = ("exchange", "routing_key", "error_contains", "error_group")
+UNINDEXED = ("exchange", "routing_key", "error_contains", "error_group", "no_error")
 BOUNDS = ("state", *TIME_FILTERS)
 
 
@@ -109,16 +109,20 @@ def act(
         status, result = actions.run_one(engine, o, message_id(raw_id), now, who)
         target = raw_id
     else:
-        o = actions.order(name, body, now, target=("ids", "filter"))
+        o = actions.order(name, body, now, target=("ids", "filter", "bound"))
         if ("ids" in body) == ("filter" in body):
             raise BadRequest('give "ids" (a list of message ids) or "filter" (an object), not both')
+        if "bound" in body and ("filter" not in body or o.dry_run):
+            raise BadRequest("bound: only a filter's confirmation carries one")
         if "ids" in body:
             ids = actions.ids_of(body["ids"])
             status, result = 200, actions.run_selection(engine, o, ids, now, who)
             target = f"{len(ids)} selected"
         else:
-            flt, described = actions.group_filter(body["filter"], now)
-            status, result = 200, actions.run_group(engine, o, flt, described, now, who)
+            bound = actions.bound_of(body["bound"]) if "bound" in body else None
+            # Relative times (created_since=10m) read as the dry run read them.
+            flt, described = actions.group_filter(body["filter"], bound.at if bound else now)
+            status, result = actions.run_group(engine, o, flt, described, now, who, bound)
             target = described
     if not o.dry_run:
         log.info(

@@ -14,6 +14,8 @@ from relay.runtime.message_filter import message_filter as read_filter
 from relay.store.admin import MessageFilter
 
 PAGING = ("limit", "before", "after")
+# Matched exactly, so "" is a value like any other (message_filter.TEXT_FILTERS).
+EXACT = ("exchange", "routing_key", "key", "error_group")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 # The longest text filter: a failure group's name is the first 200 characters of an error
@@ -27,12 +29,19 @@ class BadRequest(ValueError):
     """The request cannot be served as asked; the message says why (HTTP 400)."""
 
 
+def kept(name: str, values: Sequence[str]) -> list[str]:
+    """The values of parameter `name` that say something: "" is a name (the default exchange's)
+    for the text filters matched exactly, and nothing for any other parameter."""
+    if name in EXACT:
+        return list(values)
+    return [v for v in values if v.strip()]
+
+
 def parse_query(query: str) -> dict[str, list[str]]:
-    """A query string's parameters; empty values (a form's blank fields) are left out."""
+    """A query string's parameters, blank values kept only where they are names (`kept`); the
+    page's script leaves a form's blank fields out."""
     parsed = urllib.parse.parse_qs(query, keep_blank_values=True)
-    return {
-        k: [v for v in vs if v.strip()] for k, vs in parsed.items() if any(v.strip() for v in vs)
-    }
+    return {k: vs for k, vs in ((k, kept(k, vs)) for k, vs in parsed.items()) if vs}
 
 
 def only(params: Params, allowed: Sequence[str]) -> None:
@@ -100,7 +109,11 @@ def link(path: str, params: Params, **extra: object) -> str:
     return f"{path}?{urllib.parse.urlencode(pairs)}" if pairs else path
 
 
+def _shown(values: Sequence[str]) -> str:
+    return ",".join(values) if any(values) else '""'  # the default exchange, say
+
+
 def describe(params: Params) -> str:
     """The filter as a person reads it: `state=dead, exchange=orders` (or `every message`)."""
-    parts = [f"{k}={','.join(v)}" for k, v in params.items() if k in FILTERS and v]
+    parts = [f"{k}={_shown(v)}" for k, v in params.items() if k in FILTERS and v]
     return ", ".join(parts) or "every message"

@@ -13,6 +13,7 @@ from relay.console import present
 from relay.console.actions import ACTIONS
 from relay.console.filters import Params, describe, link
 from relay.console.layout import Viewer, render
+from relay.runtime.message_filter import NO_ERROR
 from relay.runtime.message_rows import message_cells, short, when
 from relay.store.admin import Page
 
@@ -81,8 +82,12 @@ def _fields(params: Params) -> list[dict[str, str]]:
 
 
 def _group(g: Mapping[str, Any]) -> dict[str, Any]:
+    # The row's link and buttons select exactly what it counts: its exchange even when it is
+    # the default one (""), and its error, or no error at all.
     group_params = {"state": ["dead"], "exchange": [g["exchange"]]}
-    if g["error"] is not None:
+    if g["error"] is None:
+        group_params[NO_ERROR] = ["true"]
+    else:
         group_params["error_group"] = [g["error"]]
     return {
         "exchange": g["exchange"],

@@ -21,7 +21,9 @@ from relay.store.admin import MessageFilter
 TEXT_FILTERS = ("exchange", "routing_key", "key", "error_contains", "error_group")
 # A duration ago (2h, 7d) or an ISO timestamp.
 TIME_FILTERS = ("created_since", "created_until", "failed_since", "failed_until")
-FILTERS = ("state", *TEXT_FILTERS, *TIME_FILTERS)
+# `no_error=true`: only messages without a last error (what a failure group of NULLs holds).
+NO_ERROR = "no_error"
+FILTERS = ("state", *TEXT_FILTERS, *TIME_FILTERS, NO_ERROR)
 KNOWN_STATES = tuple(s.value for s in State)
 
 
@@ -78,6 +80,9 @@ def message_filter(values: Mapping[str, Sequence[str]], now: dt.datetime) -> Mes
             raise FilterError(name, str(exc)) from None
 
     text = {name: one(name) for name in TEXT_FILTERS}
+    no_error = one(NO_ERROR)
+    if no_error not in (None, "true"):
+        raise FilterError(NO_ERROR, f"{no_error!r} is not true (leave it out for any error)")
     return MessageFilter(
         states=states(values.get("state", ())),
         exchange=text["exchange"],
@@ -85,6 +90,7 @@ def message_filter(values: Mapping[str, Sequence[str]], now: dt.datetime) -> Mes
         key=text["key"],
         error_contains=text["error_contains"],
         error_group=text["error_group"],
+        no_error=no_error == "true",
         created_since=when("created_since"),
         created_until=when("created_until"),
         failed_since=when("failed_since"),

@@ -60,6 +60,8 @@ class MessageFilter:
     error_contains: str | None = None
     # A failure group (failure_groups): the first GROUP_CHARS characters of the last error.
     error_group: str | None = None
+    no_error: bool = False  # only messages without a last error (a failure group of NULLs)
+    max_seq: int | None = None  # only messages enqueued up to this seq (a counted set's bound)
     ids: Sequence[uuid.UUID] = field(default_factory=tuple)
 
     def where(self) -> list[ColumnElement[bool]]:
@@ -87,6 +89,10 @@ class MessageFilter:
             clauses.append(m.last_error.contains(self.error_contains, autoescape=True))
         if self.error_group is not None:
             clauses.append(_error_group() == self.error_group)
+        if self.no_error:
+            clauses.append(m.last_error.is_(None))
+        if self.max_seq is not None:
+            clauses.append(m.seq <= self.max_seq)
         return clauses
 
 
@@ -203,6 +209,15 @@ def count_messages(engine: Engine, flt: MessageFilter) -> int:
     stmt = select(func.count()).select_from(message).where(*flt.where())
     with engine.connect() as conn:
         return int(conn.execute(stmt).scalar_one())
+
+
+def count_and_last(engine: Engine, flt: MessageFilter) -> tuple[int, int | None]:
+    """How many messages `flt` matches, and the highest seq among them (None for none): what a
+    confirmation may then act on (MessageFilter.max_seq), however many arrive meanwhile."""
+    stmt = select(func.count(), func.max(message.c.seq)).where(*flt.where())
+    with engine.connect() as conn:
+        count, last = conn.execute(stmt).one()
+    return int(count), None if last is None else int(last)
 
 
 @dataclass(frozen=True, slots=True)
