@@ -240,7 +240,10 @@ def test_the_console_serves_until_sigterm(console_process: Any, lite_engine: Eng
     assert "console.listening" in line, line
     assert "actions=on" in line
     url = line.split("url=", 1)[1].split()[0]
-    with urllib.request.urlopen(f"{url}api/messages/{message_id}", timeout=10) as answer:
+    request = urllib.request.Request(
+        f"{url}api/messages/{message_id}", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
         assert json.loads(answer.read())["id"] == str(message_id)
     console_process.send_signal(signal.SIGTERM)
     assert console_process.wait(20) == 0
@@ -251,7 +254,13 @@ def test_the_console_serves_until_sigterm(console_process: Any, lite_engine: Eng
     ("argv", "env", "said"),
     [
         (["--http-host", "0.0.0.0"], {}, "--http-host 0.0.0.0 is not a loopback address"),
-        ([], {"OUTBOX_CONSOLE_TOKEN": "short"}, "OUTBOX_CONSOLE_TOKEN is too short"),
+        ([], {"OUTBOX_CONSOLE_TOKEN": "short"}, "OUTBOX_CONSOLE_TOKEN is too weak"),
+        ([], {}, "set OUTBOX_CONSOLE_TOKEN (reads and actions need it), or pass --open-reads"),
+        (
+            ["--http-host", "10.0.0.1", "--open-reads"],
+            {"OUTBOX_CONSOLE_TOKEN": TOKEN},
+            "leave out --open-reads",
+        ),
         (["--trace-url", "jaeger/{trace_id}"], {}, "is not an http(s) URL with {trace_id}"),
         (["--trace-url", "https://jaeger/trace/"], {}, "is not an http(s) URL with {trace_id}"),
         (["--http-port", "70000"], {}, "'70000' is not a port number"),
