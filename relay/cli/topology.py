@@ -18,7 +18,10 @@ from relay.runtime.readers import topology_file
 
 
 def add_parser(sub: Commands) -> None:
-    p = sub.add_parser("topology", help="declare or check exchanges and queues from a TOML file")
+    p = sub.add_parser(
+        "topology",
+        help="apply FILE or check FILE: declare, or check, the exchanges and queues of a TOML file",
+    )
     actions = p.add_subparsers(dest="topology_action", metavar="ACTION")
     actions.required = True
     read = argparse_type(topology_file)

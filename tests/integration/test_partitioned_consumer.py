@@ -18,10 +18,10 @@ from sqlalchemy.orm import Session
 import outbox
 from relay.amqp import topology
 from relay.core.topology import read_topology
-from tests.support.vhosts import vhost_url
+from tests.support.vhosts import module_vhost_url
 from tests.support.waiting import wait_until
 
-__all__ = ["vhost_url"]
+__all__ = ["module_vhost_url"]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -38,7 +38,7 @@ partitions = 2
 KEYS = ["a", "b", "c", "d", "e", "f"]
 
 
-def _publish(amqp_url: str, per_key: int) -> dict[str, list[str]]:
+def _publish(amqp_url: str, exchange: str, per_key: int) -> dict[str, list[str]]:
     """`per_key` messages for each key, interleaved, in order; the ids per key."""
     ids: dict[str, list[str]] = {k: [] for k in KEYS}
     conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
@@ -53,17 +53,23 @@ def _publish(amqp_url: str, per_key: int) -> dict[str, list[str]]:
                     message_id=message_id, headers={"x-outbox-key": key}, delivery_mode=2
                 )
                 body = f'{{"n": {n}}}'.encode()
-                channel.basic_publish("orders", "order.created", body, props, mandatory=True)
+                channel.basic_publish(exchange, "order.created", body, props, mandatory=True)
     finally:
         conn.close()
     return ids
 
 
 @pytest.fixture
-def consuming(pg_engine: Engine, vhost_url: str) -> Iterator[tuple[list[tuple[str, str]], Any]]:
+def consuming(
+    pg_engine: Engine, module_vhost_url: str, request: pytest.FixtureRequest
+) -> Iterator[tuple[list[tuple[str, str]], Any]]:
     """A partitioned consumer recording (key, id) as it processes; `fail` maps ids to the
-    exception their first attempt raises."""
-    topology.apply(vhost_url, read_topology(FILE))
+    exception their first attempt raises. Names of the test's own ("orders-<test>",
+    "work-<test>"): the module's tests share a vhost."""
+    vhost_url = module_vhost_url
+    tag = request.node.name.split("_")[1]
+    text = FILE.replace('"orders"', f'"orders-{tag}"').replace('"work"', f'"work-{tag}"')
+    topology.apply(vhost_url, read_topology(text))
     processed: list[tuple[str, str]] = []
     fail: dict[str, Exception] = {}
 
@@ -73,14 +79,14 @@ def consuming(pg_engine: Engine, vhost_url: str) -> Iterator[tuple[list[tuple[st
         processed.append((str(message.headers["x-outbox-key"]), message.id))
 
     consumer = outbox.Consumer(
-        pg_engine, vhost_url, "work", handle, partitions=2, prefetch=1, inbox_retention=None,
+        pg_engine, vhost_url, f"work-{tag}", handle, partitions=2, prefetch=1, inbox_retention=None,
         policy=outbox.ConsumerPolicy(backoff_base=1.0, max_attempts=3),
     )  # fmt: skip
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     consumer.ready.wait(10)
     try:
-        yield processed, (fail, consumer)
+        yield processed, (fail, consumer, f"orders-{tag}")
     finally:
         consumer.stop()
         thread.join(15)
@@ -94,27 +100,27 @@ def _by_key(processed: list[tuple[str, str]]) -> dict[str, list[str]]:
 
 
 def test_every_partition_is_consumed_and_each_key_in_order(
-    consuming: tuple[list[tuple[str, str]], Any], vhost_url: str
+    consuming: tuple[list[tuple[str, str]], Any], module_vhost_url: str
 ) -> None:
-    processed, (_, consumer) = consuming
-    ids = _publish(vhost_url, 5)
+    processed, (_, consumer, exchange) = consuming
+    ids = _publish(module_vhost_url, exchange, 5)
     wait_until(lambda: len(processed) == 30, what="30 processed")
     assert _by_key(processed) == ids
-    assert consumer.queues == ["work.0", "work.1"]
+    assert consumer.queues == ["work-every.0", "work-every.1"]
     # Both partitions had work: the keys spread over them.
     assert all(p.counts.get("processed", 0) > 0 for p in consumer.processors)
 
 
 def test_a_retried_message_comes_back_after_its_keys_later_ones_and_a_dead_one_is_skipped(
-    consuming: tuple[list[tuple[str, str]], Any], vhost_url: str
+    consuming: tuple[list[tuple[str, str]], Any], module_vhost_url: str
 ) -> None:
-    processed, (fail, consumer) = consuming
+    processed, (fail, consumer, exchange) = consuming
     # The ids are known only once published: fail the second of key a on its first attempt,
     # and dead-letter the second of key b. Published after the failures are registered.
     planned = {k: [str(uuid.uuid4()) for _ in range(4)] for k in KEYS}
     fail[planned["a"][1]] = outbox.Retry("not yet", delay=1)
     fail[planned["b"][1]] = outbox.Reject("never")
-    conn = pika.BlockingConnection(pika.URLParameters(vhost_url))
+    conn = pika.BlockingConnection(pika.URLParameters(module_vhost_url))
     try:
         channel = conn.channel()
         channel.confirm_delivery()
@@ -123,7 +129,7 @@ def test_a_retried_message_comes_back_after_its_keys_later_ones_and_a_dead_one_i
                 props = pika.BasicProperties(
                     message_id=planned[key][n], headers={"x-outbox-key": key}, delivery_mode=2
                 )
-                channel.basic_publish("orders", "order.created", b"{}", props, mandatory=True)
+                channel.basic_publish(exchange, "order.created", b"{}", props, mandatory=True)
     finally:
         conn.close()
     wait_until(lambda: len(processed) == 23, what="23 processed (one dead)")

@@ -39,3 +39,11 @@ def own_vhost(prefix: str = "t") -> Iterator[str]:
 def vhost_url() -> Iterator[str]:
     with own_vhost() as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def module_vhost_url() -> Iterator[str]:
+    """One vhost for a module's tests (each declares names of its own there): rabbitmqctl takes
+    a second or more per call."""
+    with own_vhost() as url:
+        yield url
