@@ -104,7 +104,9 @@ class ConsoleServer:
         self.console = console
         self._close = close
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, so asyncio sets TCP_NODELAY on each accepted connection (it checks
+        # the protocol): without it an answer's second write waits for a delayed ACK.
+        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._socket.bind((host.strip("[]"), port))
