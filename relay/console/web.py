@@ -134,7 +134,7 @@ class Guard:
         api_call = path.startswith("/api/")
         if self.loopback_only and not _loopback_host(Headers(scope=scope).get("Host")):
             return answer(421, {"error": "this console answers to 127.0.0.1 or localhost only"})
-        if path in PUBLIC or scope["method"] not in ("GET", "POST"):
+        if path in PUBLIC or scope["method"] not in ("GET", "HEAD", "POST"):
             return None  # the router answers 405 for other methods
         write = scope["method"] == "POST"
         if write and not api_call:

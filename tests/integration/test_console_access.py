@@ -82,6 +82,7 @@ def test_reads_on_loopback_need_the_token(pg_console: ConsoleServer, pg_engine: 
             refused = anonymous.get(path)
             assert refused.status_code == 401, path
             assert str(pending) not in refused.text
+            assert anonymous.head(path).status_code == 401, path
         page = anonymous.get(f"/messages/{pending}")
         assert str(pending) not in page.text
         assert page.status_code in (303, 401)
