@@ -111,8 +111,8 @@ class Guard:
         if refusal is not None:
             await refusal(scope, receive, secured)
             return
-        if scope["path"] in PUBLIC:
-            await self.app(scope, receive, secured)
+        if scope["path"] in PUBLIC:  # the assets and the login: no database, no share to take
+            await self.app(scope, _within(receive, BODY_DEADLINE), secured)
             return
         client = scope["client"][0] if scope.get("client") else ""
         if self.busy.get(client, 0) >= PER_CLIENT:
