@@ -263,6 +263,7 @@ FIGURES = {
     "prepared-on": "relay drain, in-process, prepared statements",
     "unsigned": "relay drain, in-process, unsigned (beside signed)",
     "signed": "relay drain, in-process, signed (Standard Webhooks, one secret)",
+    "signed-ceiling": "raw pika ceiling, the signed messages' headers",
     "store": "diagnostic: store only, claim+mark, no broker",
     "publisher": "diagnostic: relay.Publisher only, no DB",
     "enqueue": "outbox.enqueue in a one-row transaction",
@@ -369,6 +370,30 @@ def _phase(
                 drain_in_process, db, args.amqp, timeout=args.timeout, signing=signing
             )
             _add_drain(results, key, purge_after(drain))
+        # The broker's own share: raw pika with the three headers a signed message carries
+        # (signed before the clock starts), against the ceiling of the same run.
+        signer = ring.for_exchange(broker.exchange)
+        assert signer is not None
+        props = []
+        for body in payloads:
+            message_id = uuid.uuid4()
+            plain = message_properties(message_id, now)
+            plain.headers = signer.headers(str(message_id), body)
+            props.append(plain)
+        _quiesce()
+        _say(f"{FIGURES['signed-ceiling']}{tag} ...")
+        c = purge_after(
+            lambda: measure_ceiling(
+                args.amqp,
+                broker.exchange,
+                ROUTING_KEY,
+                payloads,
+                props,
+                window=args.window,
+                timeout=args.timeout,
+            )
+        )
+        _add(results, "signed-ceiling", c.rate)
     elif phase == "store":
         db.restore()
         _quiesce()
@@ -618,6 +643,14 @@ def _report(
             f"{'met' if cost >= SIGNED_TARGET else 'NOT met'} ({cost:.3f}x{cpu}; median of "
             f"{len(signed.rates)} run(s) each)"
         )
+        bound, ceiling = results.get("signed-ceiling"), results.get("ceiling")
+        if bound and ceiling and bound.rates and ceiling.rates:
+            out.append(
+                f"the broker's bound for signed messages: raw pika with their headers "
+                f"{bound.rate / ceiling.rate:.3f}x the ceiling (the relay's signed drain "
+                f"{signed.rate / bound.rate:.2f}x that bound, unsigned "
+                f"{plain.rate / ceiling.rate:.2f}x the ceiling)"
+            )
     one, unkeyed = results.get("hot-1"), results.get("hot-unkeyed")
     if one and unkeyed and one.rates and unkeyed.rates:
         hot = one.rate / unkeyed.rate
