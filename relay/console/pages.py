@@ -90,7 +90,7 @@ def _group(g: Mapping[str, Any]) -> dict[str, Any]:
     else:
         group_params["error_group"] = [g["error"]]
     return {
-        "exchange": g["exchange"],
+        "exchange": g["exchange"] or "(default)",
         "error": short(g["error"], 200),
         "count": g["count"],
         "href": link("/messages", group_params),

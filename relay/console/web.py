@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay.console import pages
 from relay.console.app import Console, answer, credentials
-from relay.console.auth import Denied, is_loopback
+from relay.console.auth import SESSION_HEADER, Denied, is_loopback
 from relay.console.filters import BadRequest
 from relay.console.layout import Viewer
 from relay.errors import DatabaseUnavailable, PermissionDenied, SchemaNotFound
@@ -132,8 +132,13 @@ class Guard:
         """The answer when this request may not go on; None when it may."""
         path: str = scope["path"]
         api_call = path.startswith("/api/")
-        if self.loopback_only and not _loopback_host(Headers(scope=scope).get("Host")):
+        if self.loopback_only and not _loopback_host(Headers(scope=scope).get("host")):
             return answer(421, {"error": "this console answers to 127.0.0.1 or localhost only"})
+        headers = Headers(scope=scope)
+        for name in ("Authorization", SESSION_HEADER):
+            # Two of a credential: which one counts would be a guess (a planted one, say).
+            if len(headers.getlist(name)) > 1:
+                return answer(400, {"error": f"{name}: send it once"})
         if path in PUBLIC or scope["method"] not in ("GET", "HEAD", "POST"):
             return None  # the router answers 405 for other methods
         write = scope["method"] == "POST"

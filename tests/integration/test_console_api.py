@@ -502,6 +502,9 @@ def test_the_login_form_gives_the_page_a_session_whose_actions_need_its_origin(
         mine = {SESSION_HEADER: session}
         page = browser.get(f"/messages/{dead}", headers=mine).text
         assert "signed in as <b>bob</b>" in page
+        planted = [(SESSION_HEADER, session), (SESSION_HEADER, "planted")]
+        twice = browser.get(f"/messages/{dead}", headers=planted)
+        assert twice.status_code == 400
 
         assert browser.post(url, headers=mine).status_code == 403  # no Origin: not the page
         foreign = browser.post(url, headers={**mine, "Origin": "https://evil.example"})
