@@ -3,7 +3,8 @@
     server.py    uvicorn, in a thread, and its bounds (connections, request heads, keep-alive)
     web.py       the Starlette application: routes, the Guard (host check, gate, headers), errors
     app.py       the endpoints: pages, API reads, actions, login and logout
-    auth.py      who may read and who may act: the token, login sessions, CSRF
+    auth.py      who may read and who may act: the token, login sessions, Origin; throttle.py
+                 the rate limit on wrong tokens and the token strength check
     api.py       the JSON API: messages, one message, failure groups, actions, circuits
     actions.py   replay, discard, cancel, reschedule, priority: parsing, dry runs, summaries
     filters.py   query parameters to the store's MessageFilter, and back to links
