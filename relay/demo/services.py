@@ -11,6 +11,7 @@ variables; with none set, spans are still made (trace ids exist) but not exporte
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import threading
@@ -29,6 +30,7 @@ import outbox
 from relay.amqp import topology
 from relay.amqp.nodes import ssl_options
 from relay.amqp.tls import TlsOptions
+from relay.core.topology import read_topology
 from relay.runtime.telemetry import Telemetry, setup
 
 EXCHANGE = "outbox-demo"
@@ -53,11 +55,38 @@ def trace_id_of(span: trace.Span) -> str:
     return f"{span.get_span_context().trace_id:032x}"
 
 
+# The demo's topology, in the file format of `outbox-relay topology apply` (relay/core/topology.py).
+TOPOLOGY = """
+[[exchanges]]
+name = {exchange}
+type = "topic"
+durable = {durable}
+auto_delete = {temporary}
+
+[[queues]]
+name = {queue}
+durable = {durable}
+auto_delete = {temporary}
+bindings = [{{ exchange = {exchange}, routing_key = "order.#" }}]
+"""
+
+
+def topology_text(exchange: str, queue: str, *, durable: bool) -> str:
+    """The demo's topology file: durable for the services, auto-deleted for `demo`."""
+    return TOPOLOGY.format(
+        exchange=json.dumps(exchange),  # a JSON string is a TOML basic string
+        queue=json.dumps(queue),
+        durable=str(durable).lower(),
+        temporary=str(not durable).lower(),
+    )
+
+
 def declare(
     amqp_url: str, exchange: str, queue: str, *, durable: bool, tls: TlsOptions | None = None
 ) -> None:
-    """The demo's exchange and queue (durable for the services, auto-deleted for `demo`)."""
-    topology.declare(amqp_url, exchange, queue, "order.#", durable=durable, tls=tls)
+    """Apply the demo's topology, as `outbox-relay topology apply` would."""
+    text = topology_text(exchange, queue, durable=durable)
+    topology.apply(amqp_url, read_topology(text, "the demo's topology"), tls=tls)
 
 
 def write_order(

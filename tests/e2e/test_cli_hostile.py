@@ -68,6 +68,7 @@ def _commands() -> dict[str, argparse.ArgumentParser]:
 COMMANDS = _commands()
 # Commands that talk to no service (`grants` prints SQL): given valid input they succeed.
 OFFLINE = frozenset({"grants"})
+TOPOLOGY = str(Path(__file__).parents[1] / "support" / "topology.toml")
 
 
 def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -170,7 +171,9 @@ def test_every_command_fails_in_one_line_when_nothing_answers(
         "discard": ["--state", "dead"], "purge": ["--older-than", "7d"],
         "circuits reset": ["x"], "demo": ["--timeout", "1"],
         "reschedule": ["00000000-0000-0000-0000-000000000000", "--in", "10m"],
-        "prioritize": ["00000000-0000-0000-0000-000000000000", "5"]}  # fmt: skip
+        "prioritize": ["00000000-0000-0000-0000-000000000000", "5"],
+        "topology": ["check", TOPOLOGY], "topology apply": [TOPOLOGY],
+        "topology check": [TOPOLOGY]}  # fmt: skip
     argv = [*words.split(), "--db", DB_URL, "--amqp", AMQP_URL, *fill.get(words, [])]
     code = main(argv)
     out, err = capsys.readouterr()
