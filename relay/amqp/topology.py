@@ -103,6 +103,13 @@ def _refusal(d: Declaration, exc: ChannelClosedByBroker | ConnectionClosedByBrok
     return f"{d}: refused by the broker: {exc.reply_code} {text}"
 
 
+def _lost(amqp_url: str, exc: AMQPError) -> BrokerUnavailable:
+    return BrokerUnavailable(
+        f"lost the connection to RabbitMQ at {redact(amqp_url)} while declaring "
+        f"({type(exc).__name__}); applying again declares what is missing"
+    )
+
+
 def apply(
     amqp_url: str,
     topology: Topology,
@@ -121,6 +128,8 @@ def apply(
                 _declare(channel, d)
             except (ChannelClosedByBroker, ConnectionClosedByBroker) as exc:
                 raise TopologyRefused(f"{topology.source}: {_refusal(d, exc)}") from None
+            except AMQPError as exc:
+                raise _lost(amqp_url, exc) from None
             if done is not None:
                 done(d)
     finally:
@@ -134,9 +143,9 @@ def check(amqp_url: str, topology: Topology, *, tls: TlsOptions | None = None) -
     declarations = plan(topology)
     problems: list[str] = []
     conn = _connect(amqp_url, tls)
-    channel = conn.channel()
     checked = unchecked = 0
     try:
+        channel = conn.channel()
         for d in declarations:
             if isinstance(d, Bind):
                 unchecked += 1
@@ -145,9 +154,8 @@ def check(amqp_url: str, topology: Topology, *, tls: TlsOptions | None = None) -
             try:
                 _declare(channel, d, passive=True)
             except ChannelClosedByBroker as exc:
-                if exc.reply_code != _NOT_FOUND:
-                    raise
-                problems.append(f"missing: {d}")
+                missing = exc.reply_code == _NOT_FOUND
+                problems.append(f"missing: {d}" if missing else f"unreadable: {_refusal(d, exc)}")
                 channel = conn.channel()
                 continue
             try:
@@ -157,6 +165,10 @@ def check(amqp_url: str, topology: Topology, *, tls: TlsOptions | None = None) -
             except ChannelClosedByBroker as exc:
                 problems.append(f"different: {_refusal(d, exc)}")
                 channel = conn.channel()
+    except ConnectionClosedByBroker as exc:
+        problems.append(f"the broker closed the connection: {exc.reply_code} {exc.reply_text}")
+    except AMQPError as exc:
+        raise _lost(amqp_url, exc) from None
     finally:
         if conn.is_open:
             conn.close()
