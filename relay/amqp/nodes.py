@@ -8,7 +8,6 @@ connections take the list as it is.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,12 @@ import pika
 from relay.amqp.tls import TlsOptions
 from relay.core.urls import node_name, redact, split_urls
 from relay.errors import plain_broker_error
+from relay.reconnect import Backoff
+
+# The first round's wait is at most this; each failed round doubles it up to the cap.
+FIRST_WAIT = 0.1
+# The shortest wait between rounds: never a busy loop against a node that refuses at once.
+MIN_WAIT = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +64,14 @@ class Failure:
 class Rounds:
     """Which node to connect to: after a failure, the next one in order at once (another node of
     the cluster may answer); once every node failed since the last connection, the round is
-    over, and the next one begins after a backoff."""
+    over, and the next one begins after a backoff (relay/reconnect.py)."""
 
     def __init__(self, nodes: list[Node], reconnect_max: float) -> None:
         self.nodes = nodes
-        self._reconnect_max = reconnect_max
         self._index = 0  # the node connected to, or being tried
         self._tried = 0  # nodes of this round that failed; every one failed: back off
-        self._failures = 0  # rounds that failed since the last connection
+        cap = max(MIN_WAIT, reconnect_max)
+        self._backoff = Backoff(first=min(FIRST_WAIT, cap), cap=cap, floor=MIN_WAIT)
 
     @property
     def current(self) -> Node:
@@ -75,8 +80,13 @@ class Rounds:
 
     def connected(self) -> None:
         """The current node answered: the next failure starts a new round, with no backoff."""
-        self._failures = 0
+        self._backoff.succeeded()
         self._tried = 0
+
+    @property
+    def attempt(self) -> int:
+        """Rounds that failed since the last connection."""
+        return self._backoff.attempt
 
     def failed(self) -> Failure:
         """The current node failed: move on to the next."""
@@ -91,20 +101,23 @@ class Rounds:
 
     def backoff(self, failure: Failure) -> float:
         """Seconds to wait before trying the next node: none within a round; after a whole
-        round, longer for each round that failed, with full jitter so that several relays
-        losing the same broker do not reconnect in lockstep."""
+        round, a window doubling with each round that failed up to the cap, with full jitter so
+        that several relays losing the same broker do not reconnect in lockstep."""
         if not failure.round_over:
             return 0.0
-        self._failures += 1
-        return random.uniform(0.5, min(self._reconnect_max, 0.5 * 2**self._failures))
+        return self._backoff.failed()
 
 
-def lost_fields(node: Node, why: str, retry_in: float, next_node: str | None) -> dict[str, Any]:
-    """broker.lost's fields: the node, why, and which node is tried next, how soon."""
+def lost_fields(
+    node: Node, why: str, retry_in: float, next_node: str | None, attempt: int = 0
+) -> dict[str, Any]:
+    """broker.lost's fields: the node, why, which node is tried next, how soon, and how many
+    rounds have failed since the last connection."""
     fields: dict[str, Any] = {"node": node.name, "broker": node.url, "error": why}
     if next_node is not None:
         fields["next"] = next_node
-    fields["retry_in"] = retry_in
+    fields["retry_in"] = round(retry_in, 3)
+    fields["attempt"] = attempt
     return fields
 
 

@@ -56,6 +56,9 @@ _ENCODING_ERRORS = (TypeError, ValueError, struct.error, UnsupportedAMQPFieldExc
 
 # AMQP allows 2047 channels per connection by default; idle ones beyond this are closed.
 MAX_CHANNELS = 256
+# The longest wait between reconnect rounds: with the connect itself, the relay is back within a
+# second of the broker accepting connections again, however long it was away.
+RECONNECT_MAX_DELAY = 0.75
 
 
 class Publisher:
@@ -80,7 +83,7 @@ class Publisher:
         amqp_url: str,
         *,
         confirm_timeout: float = 30.0,
-        reconnect_max_delay: float = 15.0,
+        reconnect_max_delay: float = RECONNECT_MAX_DELAY,
         blocked_timeout: float = 300.0,
         name: str = "outbox-relay",
         tls: TlsOptions | None = None,
@@ -248,7 +251,7 @@ class Publisher:
             return
         delay = self._rounds.backoff(failure)
         if not starting:
-            fields = lost_fields(failure.node, why, delay, failure.next_node)
+            fields = lost_fields(failure.node, why, delay, failure.next_node, self._rounds.attempt)
             log.warning("broker.lost", extra=fields)
         self._ioloop.call_later(delay, self._connect)
 

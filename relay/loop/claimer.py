@@ -31,8 +31,10 @@ from relay.loop.leases import Chunk, Finished, Lease, Leases
 from relay.loop.observer import Observer
 from relay.loop.settings import LoopSettings
 from relay.ports import Claimed, MalformedRow, Outgoing, Publisher, Store
+from relay.reconnect import Backoff
 
-DB_BACKOFF_MAX = 5.0  # seconds: the longest pause in claiming while the database fails
+# Seconds: the longest pause in claiming while the database fails (jittered: relay/reconnect.py).
+DB_BACKOFF_MAX = 2.0
 # Rows handed to the publisher at a time: small enough that confirms come back (and are marked)
 # continuously, several to a window; large enough that handing over costs little.
 CHUNK_MAX = 64
@@ -67,7 +69,7 @@ class Claimer:
         self._fresh = fresh
         self._next_claim = 0.0
         self._empty = 0  # consecutive claims that found nothing
-        self._db_backoff = 0.0
+        self._db_backoff = Backoff(first=0.1, cap=DB_BACKOFF_MAX, floor=0.05)
         self._chunks = itertools.count(1)
         self._chunk = max(1, min(CHUNK_MAX, config.max_unconfirmed // 4))
         self._piece = max(1, min(chains.PIECE, config.max_unconfirmed))  # what a chain takes
@@ -79,10 +81,17 @@ class Claimer:
         self._next_claim = 0.0
         self._empty = 0
 
-    def back_off(self) -> None:
-        """The database failed: pause claiming, longer each time, until a claim succeeds."""
-        self._db_backoff = min(DB_BACKOFF_MAX, max(0.1, self._db_backoff * 2))
-        self._next_claim = self._clock() + self._db_backoff
+    def back_off(self) -> float:
+        """The database failed: pause claiming, longer each time (jittered), until a claim
+        succeeds. Returns the pause."""
+        wait = self._db_backoff.failed()
+        self._next_claim = self._clock() + wait
+        return wait
+
+    @property
+    def db_attempt(self) -> int:
+        """Database failures in a row, since the last claim that succeeded."""
+        return self._db_backoff.attempt
 
     def next_turn(self, now: float) -> float:
         """The clock time the loop should next call `claim` (an outcome wakes it sooner)."""
@@ -133,7 +142,7 @@ class Claimer:
         counts.full_batch = claimed == limit and not quarantined
         if not quarantined:
             claimed += self._claim_guarded(counts, room - claimed, now)
-        self._db_backoff = 0.0
+        self._db_backoff.succeeded()
         if claimed:
             # A full batch: claim again at once. Less: it took all there was, and the next look
             # comes after the shortest wait, the looks after it twice as long each time. A look

@@ -274,8 +274,10 @@ class Relay:
         self.pulse.rejoin()
 
     def _db_failed(self, what: str, exc: Exception) -> None:
-        self.claimer.back_off()
-        log.error("relay.db_error", extra={"during": what, "error": str(exc)})
+        wait = self.claimer.back_off()
+        extra = {"during": what, "error": str(exc), "attempt": self.claimer.db_attempt,
+                 "retry_in": round(wait, 3)}  # fmt: skip
+        log.error("relay.db_error", extra=extra)
 
     # ----------------------------------------------------------------- loop
 

@@ -3,7 +3,8 @@ next node at once after a failure; a backoff, longer each time, once a whole rou
 
 from __future__ import annotations
 
-from relay.amqp.nodes import Rounds, broker_nodes
+from relay.amqp.nodes import MIN_WAIT, Rounds, broker_nodes
+from relay.amqp.publisher import RECONNECT_MAX_DELAY
 
 
 def test_a_failure_moves_on_to_the_next_node_at_once() -> None:
@@ -20,12 +21,23 @@ def test_a_round_that_failed_backs_off_longer_each_time_up_to_the_maximum() -> N
     assert not rounds.failed().round_over
     failure = rounds.failed()
     assert (failure.node.name, failure.round_over, failure.next_node) == ("b:5672", True, "a:5672")
-    assert 0.5 <= rounds.backoff(failure) <= 1.0  # full jitter up to 0.5 * 2
+    assert MIN_WAIT <= rounds.backoff(failure) <= 0.1  # full jitter in the first window
+    assert rounds.attempt == 1
     rounds.failed()
-    assert 0.5 <= rounds.backoff(rounds.failed()) <= 2.0
-    for _ in range(5):
+    assert MIN_WAIT <= rounds.backoff(rounds.failed()) <= 0.2
+    for _ in range(8):
         rounds.failed()
-        assert rounds.backoff(rounds.failed()) <= 3.0
+        assert MIN_WAIT <= rounds.backoff(rounds.failed()) <= 3.0
+    assert rounds.attempt == 10
+    rounds.connected()
+    assert rounds.attempt == 0
+
+
+def test_by_default_a_lost_broker_is_tried_again_within_a_second() -> None:
+    rounds = Rounds(broker_nodes("amqp://a:5672"), RECONNECT_MAX_DELAY)
+    waits = [rounds.backoff(rounds.failed()) for _ in range(200)]
+    assert max(waits) <= RECONNECT_MAX_DELAY < 1.0
+    assert len({round(w, 3) for w in waits[10:]}) > 100  # still jittered at the cap
 
 
 def test_a_connection_starts_a_new_round() -> None:
@@ -42,4 +54,4 @@ def test_a_single_node_names_no_next_one_and_backs_off_at_each_failure() -> None
     rounds = Rounds(broker_nodes("amqp://a:5672"), 15.0)
     failure = rounds.failed()
     assert (failure.round_over, failure.next_node) == (True, None)
-    assert rounds.backoff(failure) >= 0.5
+    assert rounds.backoff(failure) >= MIN_WAIT

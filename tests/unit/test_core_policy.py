@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-import types
-from typing import cast
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tenacity import RetryCallState
-from tenacity.wait import wait_random_exponential
+from tenacity import Retrying, stop_after_attempt
+from tenacity.wait import wait_exponential
 
 from relay.core import backoff
 from relay.core.failures import (
@@ -90,15 +88,41 @@ def test_backoff_stays_jittered_at_the_cap() -> None:
     assert max(delays) <= 60
 
 
-@given(st.integers(min_value=1, max_value=200), st.integers(min_value=0, max_value=2**32))
-def test_backoff_matches_tenacitys_full_jitter_bounds(attempt: int, seed: int) -> None:
-    rng = random.Random(seed)
-    ours = backoff.delay(attempt, rng, base=1, cap=300, floor=0.5)
-    theirs = wait_random_exponential(multiplier=1, max=300, min=0.5)
-    state = cast(RetryCallState, types.SimpleNamespace(attempt_number=attempt))
+def _tenacity_waits(attempts: int, *, base: float, cap: float, floor: float) -> list[float]:
+    """The waits tenacity's own Retrying sleeps between `attempts` failing attempts."""
+    sleeps: list[float] = []
+    retrying = Retrying(
+        wait=wait_exponential(multiplier=base, max=cap, min=floor),
+        stop=stop_after_attempt(attempts + 1),
+        sleep=sleeps.append,
+        reraise=True,
+    )
+    with pytest.raises(ZeroDivisionError):
+        retrying(lambda: 1 / 0)
+    return sleeps
+
+
+@given(
+    st.sampled_from([0.1, 0.5, 1.0, 3.0]),
+    st.sampled_from([0.0, 0.05, 0.5]),
+    st.sampled_from([2.0, 60.0, 3600.0]),
+)
+def test_backoff_windows_are_tenacitys_exponential_waits(
+    base: float, floor: float, cap: float
+) -> None:
+    theirs = _tenacity_waits(40, base=base, cap=cap, floor=floor)
+    ours = [backoff.window(a, base=base, cap=cap, floor=floor) for a in range(1, 41)]
+    assert ours == pytest.approx(theirs)
+
+
+@given(st.integers(min_value=1, max_value=10_000), st.integers(min_value=0, max_value=2**32))
+def test_backoff_is_full_jitter_within_the_window(attempt: int, seed: int) -> None:
+    ours = backoff.delay(attempt, random.Random(seed), base=1, cap=300, floor=0.5)
     high = min(300.0, 2.0 ** min(attempt - 1, 60))
     assert 0.5 <= ours <= max(0.5, high)
-    assert 0.5 <= theirs(state) <= max(0.5, high)
+    # The same draw as uniform(floor, window): the distribution persisted delays always had.
+    window = backoff.window(attempt, base=1, cap=300, floor=0.5)
+    assert ours == random.Random(seed).uniform(0.5, window)
 
 
 def _msg(attempts: int = 1, **kw: object) -> Attempted:
