@@ -97,12 +97,16 @@ def test_a_failing_database_backs_claims_off_longer_each_time_until_a_claim_work
     cfg = RelayConfig(db_url="sqlite://", relay_id="t")
     relay = wire_relay(store, FakePublisher(), cfg, clock=lambda: now[0], rng=random.Random(1))
     waits = []
-    for _ in range(3):
+    for attempt in (1, 2, 3):
         assert relay.run_once().claimed == 0
+        assert relay.claimer.db_attempt == attempt
         waits.append(relay.claimer.next_turn(now[0]) - now[0])
         now[0] += waits[-1]
-    assert waits == pytest.approx([0.1, 0.2, 0.4])
+    # Full jitter in a window that doubles: 0.1, 0.2, 0.4 s, never under 0.05 s.
+    for wait, window in zip(waits, (0.1, 0.2, 0.4), strict=True):
+        assert 0.05 <= wait <= window
     assert relay.run_once().claimed == 1
+    assert relay.claimer.db_attempt == 0
 
 
 def _after_a_claim_that_took_all_there_was() -> tuple[Relay, FakeStore, RelayConfig, list[float]]:
