@@ -56,6 +56,26 @@ class StateCounts:
     estimated: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True, slots=True)
+class TableHealth:
+    """What the database says of one of the relay's tables: whether autovacuum may clean it, and
+    its live and dead rows (the statistics system's running counts, PostgreSQL's n_live_tup and
+    n_dead_tup). Every UPDATE and DELETE the relay makes leaves a dead row that only a VACUUM
+    reclaims: with autovacuum off, the table and its indexes grow for ever, and claims slow."""
+
+    table: str
+    autovacuum: bool  # False: neither autovacuum nor anything else here will ever vacuum it
+    why_not: str | None  # when autovacuum is False: the server's setting or the table's own
+    live: int
+    dead: int
+
+    @property
+    def dead_ratio(self) -> float:
+        """Dead rows out of all (0 for an empty table)."""
+        total = self.live + self.dead
+        return self.dead / total if total > 0 else 0.0
+
+
 class Store(Protocol):
     def claim(
         self,

@@ -169,6 +169,7 @@ class Claimer:
     ) -> int:
         token = uuid.uuid4()
         with self._observer.loop_span("claim", limit=limit) as span:
+            started = self._clock()
             rows = self._store.claim(
                 owner=self._config.relay_id,
                 token=token,
@@ -180,6 +181,7 @@ class Claimer:
                 # A probe or a rate limit's share is counted in messages: no runs there.
                 run=chains.RUN if only is None else 0,
             )
+            self._observer.claim_took(self._clock() - started)
             if span is not None:
                 span.set_attribute("outbox.claimed", len(rows))
         if rows:

@@ -28,7 +28,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from outbox.states import ALL_STATES
 from relay.core.circuit import CircuitState, Transition
 from relay.core.policy import Dead, Retry
-from relay.ports import Claimed, StateCounts, Store
+from relay.ports import Claimed, StateCounts, Store, TableHealth
 
 LOOP_SPAN_EVERY = 1.0  # seconds between two sampled loop spans of one kind
 COUNTS_FRESH = 0.5  # seconds one reading of the state counts serves the gauges of a collection
@@ -39,6 +39,11 @@ ALIVE_WITHIN = 30.0  # a relay whose heartbeat is older than this is not counted
 LATENCY_BUCKETS_MS = (
     1, 2, 3, 4, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 750,
     1_000, 2_500, 5_000, 10_000, 20_000, 30_000, 60_000,
+)  # fmt: skip
+# A claim takes a millisecond or two on a healthy table; dead rows left unvacuumed make it read
+# further through the indexes, out to seconds.
+CLAIM_BUCKETS_MS = (
+    0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 250, 500, 1_000, 2_500, 5_000,
 )  # fmt: skip
 # Rows per claim: 1 (a trickle) up to the largest batches anyone configures.
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000)
@@ -105,15 +110,28 @@ class Observer:
             description="rows per claim",
             explicit_bucket_boundaries_advisory=BATCH_BUCKETS,
         )
+        self._claim_time = meter.create_histogram(
+            "outbox.claim.duration",
+            unit="ms",
+            description="how long each claim statement took: it grows as dead rows that no "
+            "vacuum reclaimed pile up in the table and its indexes",
+            explicit_bucket_boundaries_advisory=CLAIM_BUCKETS_MS,
+        )
         self._transitions = meter.create_counter(
             "outbox.circuit.transitions",
             unit="{transition}",
             description="circuit state changes this relay made, by resource and new state",
         )
 
-    def watch(self, store: Store, circuits: Callable[[], dict[str, CircuitState]]) -> None:
+    def watch(
+        self,
+        store: Store,
+        circuits: Callable[[], dict[str, CircuitState]],
+        tables: Callable[[], Sequence[TableHealth]] | None = None,
+    ) -> None:
         """Gauges of the outbox's state, read from `store` at each collection: only worth it
-        when something reads the metrics (each collection costs queries)."""
+        when something reads the metrics (each collection costs queries). `tables`: the dead
+        rows of the relay's tables, where the database counts them (PostgreSQL)."""
         meter = self._meter
         # Both message gauges read one StateCounts: one collection, one pair of queries.
         cached: list[tuple[float, StateCounts]] = []
@@ -170,6 +188,16 @@ class Observer:
             f"relays whose heartbeat is younger than {ALIVE_WITHIN:g} s",
             lambda: [(float(len(store.relays(ALIVE_WITHIN))), {})],
         )
+        if tables is not None:
+            read = tables
+            _gauge(
+                meter,
+                "outbox.table.dead_ratio",
+                "1",
+                "dead rows out of all rows, per table of the relay: what only a vacuum reclaims; "
+                "one that keeps growing means autovacuum is off or cannot keep up",
+                lambda: [(t.dead_ratio, {"table": t.table}) for t in read()],
+            )
 
     # ----------------------------------------------------------------- spans
 
@@ -284,3 +312,6 @@ class Observer:
 
     def claimed(self, n: int) -> None:
         self._batch.record(n)
+
+    def claim_took(self, seconds: float) -> None:
+        self._claim_time.record(seconds * 1000.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from opentelemetry.metrics import NoOpMeter
 
@@ -14,7 +14,7 @@ from relay.loop.circuits import ResourceGuard
 from relay.loop.observer import Instruments, Observer
 from relay.loop.relay import Relay, utc_now
 from relay.loop.settings import LoopSettings
-from relay.ports import Publisher, Store
+from relay.ports import Publisher, Store, TableHealth
 
 
 def wire_relay(
@@ -26,9 +26,10 @@ def wire_relay(
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], dt.datetime] = utc_now,
     rng: random.Random | None = None,
+    tables: Callable[[], Sequence[TableHealth]] | None = None,
 ) -> Relay:
     """A relay over `store` and `publisher` (started or not). Without `telemetry` it makes no
-    span and records no metric."""
+    span and records no metric; `tables` feeds the dead-row gauge (Observer.watch)."""
     rng = rng or random.Random()
     if telemetry is None:
         observer = Observer(None, NoOpMeter("outbox-relay"), clock=clock)
@@ -38,7 +39,8 @@ def wire_relay(
         store, config, clock=clock, wall=wall, rng=rng, on_transition=observer.circuit_changed
     )
     if telemetry is not None and telemetry.meter_provider is not None:
-        observer.watch(store, guard.states)  # gauges cost queries: only when something reads them
+        # Gauges cost queries: only when something reads them.
+        observer.watch(store, guard.states, tables)
     return Relay(
         store, publisher, config, guard=guard, observer=observer, clock=clock, wall=wall, rng=rng
     )

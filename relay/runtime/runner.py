@@ -51,6 +51,21 @@ def check_schema(store: SqlStore) -> None:
         log.warning("schema.incomplete", extra={"gaps": gaps, "fix": "outbox-relay migrate"})
 
 
+def warn_autovacuum(store: SqlStore) -> None:
+    """Say once, at start, which of the relay's tables autovacuum will never clean: every
+    claim, mark and purge leaves dead rows, and unvacuumed they grow the table and its indexes
+    and slow every claim, for as long as the relay runs (the dead-row ratio is on /metrics)."""
+    off = [t for t in store.table_health() if not t.autovacuum]
+    if off:
+        why = {t.why_not for t in off}
+        extra = {
+            "tables": ",".join(t.table for t in off),
+            "why": "; ".join(f"{t.table}: {t.why_not}" for t in off) if len(why) > 1 else why.pop(),
+            "fix": "ALTER TABLE <table> RESET (autovacuum_enabled), or autovacuum = on",
+        }
+        log.warning("schema.autovacuum_off", extra=extra)
+
+
 # Characters of a refusal given to listing what is missing: the whole line must stay within
 # logs.MAX_LINE, which cuts what is longer, and its end says what to run.
 REFUSAL_LIST_MAX = 330
@@ -83,6 +98,7 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         relaxed_commit=True,  # claims and marks wait for no disk (Dialect.relaxed_commit)
     )
     check_schema(store)
+    warn_autovacuum(store)
     publisher = Publisher(
         config.amqp_url,
         confirm_timeout=config.confirm_timeout,
@@ -96,7 +112,7 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         made = topology.apply(config.amqp_url, config.topology, tls=config.amqp_tls)
         log.info("relay.topology_applied", extra={"file": config.topology.source, "made": made})
     publisher.start()
-    return wire_relay(store, publisher, config, telemetry=telemetry)
+    return wire_relay(store, publisher, config, telemetry=telemetry, tables=store.table_health)
 
 
 def bind_http(config: RelayConfig, relay: list[Relay], telemetry: Telemetry) -> HealthServer | None:

@@ -50,6 +50,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import TypeEngine
 
 from outbox.schema import UUID
+from relay.ports import TableHealth
 from relay.store import common
 from relay.store.estimates import TableStats
 from relay.store.queries import Queries, QueryError
@@ -392,6 +393,12 @@ class Dialect(ABC):
         its published and cancelled rows beside a large table (relay/store/estimates.py); None
         where it keeps nothing usable: those are then counted exactly."""
         return None
+
+    def table_health(self, conn: Connection) -> list[TableHealth]:
+        """Autovacuum and dead rows of the relay's tables; empty where the database keeps no
+        such figures (MySQL's InnoDB purges old row versions on its own, SQLite has no
+        statistics of them)."""
+        return []
 
     @contextmanager
     def reading(self, conn: Connection) -> Iterator[None]:

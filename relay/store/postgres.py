@@ -22,6 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from outbox.dberrors import DbFailure, classify_db_error
 from outbox.enqueue import NOTIFY_CHANNEL
 from relay.core import suspects
+from relay.ports import TableHealth
 from relay.store import common, queries
 from relay.store.dialect import CLAIMED_COLUMNS, TIME, Compiled, Dialect, Query, compile_sql
 from relay.store.estimates import TableStats, shares
@@ -74,6 +75,23 @@ NO_PARALLEL = SQL.text("no_parallel")
 READ_SNAPSHOT = SQL.text("read_snapshot")
 _TABLE_SIZE = compile_sql(SQL.text("table_size"))
 _TABLE_SHARES = compile_sql(SQL.text("table_shares"))
+_TABLE_HEALTH = compile_sql(SQL.text("table_health"))
+# How PostgreSQL spells false in a boolean option (its parse_bool: a word, or a prefix of it).
+_FALSE = frozenset({"f", "fa", "fal", "fals", "false", "n", "no", "of", "off", "0"})
+
+
+def autovacuum_off(server: str, reloptions: Sequence[str] | None) -> str | None:
+    """Why autovacuum will not clean a table, or None when it may: the table's own
+    `autovacuum_enabled` storage option (named first: it is the table's), or the server's
+    `autovacuum` setting."""
+    for option in reloptions or ():
+        name, _, value = option.partition("=")
+        if name.strip().lower() == "autovacuum_enabled" and value.strip().lower() in _FALSE:
+            return f"{option} (the table's storage option)"
+    if server.strip().lower() in _FALSE:
+        return f"autovacuum={server} (the server's setting)"
+    return None
+
 
 # ------------------------------------------------------------------------ wake-ups
 
@@ -243,6 +261,14 @@ class Postgres(Dialect):
             state_shares=by_column.get("state", {}),
             exchange_shares=by_column.get("exchange", {}),
         )
+
+    def table_health(self, conn: Connection) -> list[TableHealth]:
+        found = []
+        for row in conn.execute(_TABLE_HEALTH):
+            why = autovacuum_off(str(row.server), row.reloptions)
+            health = TableHealth(row.name, why is None, why, int(row.live), int(row.dead))
+            found.append(health)
+        return found
 
     @contextmanager
     def reading(self, conn: Connection) -> Iterator[None]:

@@ -23,7 +23,7 @@ from relay.core.circuit import Circuit, CircuitState
 from relay.core.policy import Dead, Retry
 from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable, PermissionDenied
-from relay.ports import Claimed, ResourceRow, RetentionFailed, StateCounts, T
+from relay.ports import Claimed, ResourceRow, RetentionFailed, StateCounts, T, TableHealth
 from relay.store import counting, retention
 from relay.store.boundary import first_line, translated
 from relay.store.common import ALONE, GROUPED, SOLITARY
@@ -357,6 +357,12 @@ class SqlStore:
         estimated beside a large table (relay/store/counting.py)."""
         with self._side_conn() as conn:
             return counting.state_counts(self.dialect, conn, self._clock())
+
+    def table_health(self) -> list[TableHealth]:
+        """Autovacuum and dead rows of the relay's tables (Dialect.table_health), read through
+        the side pool, as the gauges are."""
+        with self._side_conn() as conn:
+            return self.dialect.table_health(conn)
 
     def schema_version(self) -> int:
         """The outbox schema's version `migrate` recorded in this database (0: none)."""

@@ -502,6 +502,20 @@ SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint AS pages,
 FROM pg_class AS c
 WHERE c.oid = to_regclass('outbox_message')
 
+-- table_health --
+-- The relay's tables, found through the search_path as every other statement finds them: the
+-- server's autovacuum setting, each table's storage options (`autovacuum_enabled=false` among them
+-- turns autovacuum off for that table alone), and the statistics system's running counts of its
+-- live and dead rows (pg_stat_user_tables' n_live_tup and n_dead_tup). Catalog reads and the
+-- statistics system's memory: cheap at any table size, so every metrics scrape may run it. No row
+-- for a table that does not exist.
+SELECT t.name, current_setting('autovacuum') AS server, c.reloptions,
+       pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_dead_tuples(c.oid) AS dead
+FROM (VALUES (1, 'outbox_message'), (2, 'outbox_attempt'), (3, 'outbox_relay'),
+             (4, 'outbox_resource')) AS t(n, name)
+JOIN pg_class AS c ON c.oid = to_regclass(t.name)
+ORDER BY t.n
+
 -- table_shares --
 -- ANALYZE's most common states and exchanges with their shares of the rows, read only beside a
 -- large table (where they are used). The table's name is a constant and its schema a value, so
