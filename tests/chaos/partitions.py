@@ -51,6 +51,7 @@ class Faults:
     between: tuple[float, float]  # seconds between consumer kills
     relay_kills: int = 0
     broker_cuts: int = 0
+    cut_for: float = 2.0  # seconds each broker cut lasts
 
 
 class Workers:
@@ -221,8 +222,13 @@ def _inject(
     """Consumer kills at random moments, half of them aimed at the consumer that processed last
     (an active one: a random pick would mostly hit consumers standing by); the relay's kills and
     cuts in between."""
-    relay_at = set(rng.sample(range(faults.consumer_kills), faults.relay_kills))
-    cut_at = set(rng.sample(range(faults.consumer_kills), faults.broker_cuts))
+    # The cuts come before the relay's kills, so they hit a relay that has been connected for a
+    # while rather than one still starting.
+    picks = sorted(
+        rng.sample(range(faults.consumer_kills), faults.relay_kills + faults.broker_cuts)
+    )
+    cut_at, relay_at = set(picks[: faults.broker_cuts]), set(picks[faults.broker_cuts :])
+    _running(relay)  # a fault on a relay still starting would hit nothing
     for n in range(faults.consumer_kills):
         time.sleep(rng.uniform(*faults.between))
         target: int | None = rng.randrange(len(workers.processes))
@@ -231,16 +237,30 @@ def _inject(
                 last = conn.execute(
                     text("SELECT consumer FROM chaos_processed ORDER BY pos DESC LIMIT 1")
                 ).scalar()
-            target = workers.index_of(None if last is None else str(last)) or target
+            active = workers.index_of(None if last is None else str(last))
+            target = target if active is None else active
         assert target is not None
         workers.kill(target)
         if n in relay_at:
+            _running(relay)
             relay.kill()
             relay.start()
         if n in cut_at:
+            _running(relay)
             proxy.cut()
-            time.sleep(2.0)
+            time.sleep(faults.cut_for)
             proxy.restore()
+
+
+def _running(relay: Relay, timeout: float = 60.0) -> None:
+    """Wait until the relay's latest start has logged relay.started (it is connected and
+    relaying)."""
+    deadline = time.monotonic() + timeout
+    while relay.log.read_text(errors="replace").count("relay.started") < relay.starts:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the relay did not start: see {relay.log}")
+        relay.ensure_running()
+        time.sleep(0.05)
 
 
 def note(row: Row, kills: int) -> str:
