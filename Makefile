@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 EXTRAS := binary,mysql,async,console
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: help demo test docs lint typecheck unit integration bench chaos services clean lock
+.PHONY: help demo test docs lint typecheck unit integration bench chaos soak services clean lock
 
 help:
 	@echo "make demo    run the embedded demo (SQLite + local RabbitMQ)"
@@ -14,6 +14,7 @@ help:
 	@echo "make docs    build the documentation site into site/ (mkdocs --strict)"
 	@echo "make bench   benchmarks: raw pika confirm ceiling vs the relay's drain rate"
 	@echo "make chaos   faults at full length (kills, cuts, broker restart, memory alarm): a table"
+	@echo "make soak    the relay for 30 minutes at 1,000 msg/s: memory, table size, claim time flat?"
 	@echo "make lock    regenerate constraints.txt after changing a dependency in pyproject.toml"
 
 $(STAMP):
@@ -73,6 +74,12 @@ test: $(STAMP) services lint typecheck docs
 
 chaos: $(STAMP) services
 	$(PY) -m tests.chaos
+
+# SOAK_ARGS="--minutes 5 --every 15" for a shorter run (python -m benchmarks.soak --help).
+SOAK_ARGS ?=
+
+soak: $(STAMP) services
+	$(PY) -m benchmarks.soak $(SOAK_ARGS)
 
 # Each run also writes its table for the docs' performance page (docs/_generated/).
 bench: $(STAMP) services
