@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.chaos import mid_drain, partitions, run
+from tests.chaos import mid_drain, partitions, recovery, run
 
 BROKER, DB, HOT = {"broker": True}, {"db": True}, {"hot": True}
 PARTITIONS = "partitions: 6 consumers SIGKILLed x16, relay SIGKILL, broker cut"
@@ -96,11 +96,14 @@ def main() -> int:
             steady_connection=options.get("steady", False),
             database=database,
             keys=run.HOT if hot else run.UNIFORM,
+            calibrate=recovery.CALIBRATION,
         )
         rows.append(row)
         note = run.hot_note(row)
         if note is not None:
             notes.append(note)
+        if row.timeline is not None:
+            notes.append(recovery.note(row.fault, row.timeline))
         print(f"chaos: {row.fault}: {'ok' if row.ok else 'FAILED'} "
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
         if not row.ok:

@@ -10,7 +10,9 @@ and out-of-order are all zero.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 
@@ -41,6 +43,7 @@ class DeliveryChecker:
     _received: list[str] = field(default_factory=list)
     _arrived: set[str] = field(default_factory=set)  # _received without its repeats
     _in_order: dict[str, int] = field(default_factory=dict)  # key -> its first ids all arrived
+    _arrived_at: dict[str, float] = field(default_factory=dict)  # id -> first arrival (monotonic)
 
     def committed(self, message_id: str, key: str | None) -> None:
         """Call after the transaction committed (per key, from one writer, in commit order)."""
@@ -57,11 +60,23 @@ class DeliveryChecker:
         with self._lock:
             self._received.append(message_id)
             self._arrived.add(message_id)
+            self._arrived_at.setdefault(message_id, time.monotonic())
 
     def all_received(self, ids: set[str] | None = None) -> bool:
         """Whether every committed message (or every one of `ids`) has arrived."""
         with self._lock:
             return (self._committed.keys() if ids is None else ids) <= self._arrived
+
+    def waiting(self, ids: Set[str]) -> int:
+        """How many of `ids` have not arrived yet."""
+        with self._lock:
+            return len(ids - self._arrived)
+
+    def arrival_times(self, ids: Set[str]) -> list[float]:
+        """When each of `ids` that has arrived first did (time.monotonic())."""
+        with self._lock:
+            arrived_at = self._arrived_at
+            return [arrived_at[i] for i in ids if i in arrived_at]
 
     def backlog(self, key: str) -> int:
         """Messages of `key` committed and not arrived yet, counted from the first of them that

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox.schema import UUID, message
+from tests.chaos import recovery
 from tests.chaos.checker import DeliveryChecker, Report
 from tests.support.proxy import TcpProxy
 
@@ -62,6 +63,8 @@ class Row:
     keys: Keys | None = None  # hot keys: how the traffic was spread over keys
     hot_backlog: int = 0  # hot keys: the most messages seen waiting behind one of them
     kills_in_flight: tuple[int, ...] = ()  # kill mid-run: hot keys' rows each killed relay held
+    # What the recovery was made of, and the backlog's drain time at full speed (calibrated runs).
+    timeline: recovery.Timeline | None = None
 
     @property
     def ok(self) -> bool:
@@ -129,6 +132,7 @@ class Consumer:
         self.auto_ack = auto_ack
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-consumer")
+        self.connects = 0  # connections opened: more than one means the broker dropped it
 
     def start(self) -> None:
         self._thread.start()
@@ -144,6 +148,7 @@ class Consumer:
             except pika.exceptions.AMQPError:
                 time.sleep(0.5)
                 continue
+            self.connects += 1
             try:
                 channel = conn.channel()
                 channel.basic_qos(prefetch_count=1000)
@@ -368,7 +373,10 @@ def run(
     name: str, fault: Fault, *, messages: int, rate: float = RATE, proxy_broker: bool = False,
     proxy_db: bool = False, settle_timeout: float = 120.0, workdir: Path | None = None,
     steady_connection: bool = False, database: str = "postgresql", keys: Keys = UNIFORM,
+    calibrate: int = 0,
 ) -> Row:  # fmt: skip
+    """One fault's run. With `calibrate`, that many messages are committed before the relay
+    starts and drained at full speed before the fault (tests/chaos/recovery.py)."""
     checker = DeliveryChecker()
     workdir = workdir or Path(os.environ.get("TMPDIR", "/tmp"))
     with environment(name, database) as (db_url, engine, exchange, queue):
@@ -387,20 +395,26 @@ def run(
             relay, broker_proxy, db_proxy, writers=writers, engine=engine, exchange=exchange,
             database=database,
         )  # fmt: skip
+        cold = [f"k{k}" for k in range(keys.cold)]
+        shape = recovery.calibration_keys(calibrate, cold, keys.hot_names, keys.hot_share)
+        calibration = recovery.write_calibration(engine, exchange, checker, shape)
         relay.start()
         writers.start()
         backlog.start()
+        speed: float | None = None  # messages a second, at full speed
         try:
+            if calibration:
+                speed = recovery.full_speed(checker, calibration, settle_timeout)
             fault(ctx)
-            fault_over = time.monotonic()
-            held_back = checker.committed_ids()
-            deadline = fault_over + settle_timeout
+            back = recovery.returned(checker)
+            held_back = set(back.held_back)
+            deadline = back.at + settle_timeout
             # A fault may have left the relay dead (a cut during its start makes `run` exit 1):
             # a deployment restarts it, whenever it exits, and so does this.
             while not checker.all_received(held_back) and time.monotonic() < deadline:
                 relay.ensure_running()
                 time.sleep(0.05)
-            recovery = time.monotonic() - fault_over
+            recovered = time.monotonic() - back.at
             writers.join()
             while not checker.all_received() and time.monotonic() < deadline:
                 relay.ensure_running()
@@ -423,7 +437,7 @@ def run(
         return Row(
             f"{name} ({database})" if database != "postgresql" else name,
             checker.report(),
-            recovery,
+            recovered,
             innocent_dead=len(dead - ctx.poisoned),
             connections_lost=relay.log.read_text(errors="replace").count("broker.lost"),
             steady_connection=steady_connection,
@@ -432,6 +446,7 @@ def run(
             keys=keys if keys.hot else None,
             hot_backlog=backlog.peak,
             kills_in_flight=tuple(ctx.kills_in_flight),
+            timeline=recovery.timeline(back, checker, speed, relay.log, consumer.connects),
         )
 
 
@@ -615,14 +630,21 @@ def hot_note(row: Row) -> str | None:
     )
 
 
+def _full_speed(row: Row) -> str:
+    """The fault's backlog's drain time at the run's full speed, or - (not calibrated)."""
+    full = row.timeline.full_speed_s if row.timeline is not None else None
+    return "-" if full is None else f"{full:.1f} s"
+
+
 def table(rows: list[Row]) -> str:
     header = ["fault", "messages", "lost", "unexpected", "duplicated", "out of order",
-              "innocent dead", "conn lost", "poison dead", "recovery"]  # fmt: skip
+              "innocent dead", "conn lost", "poison dead", "recovery",
+              "full-speed drain"]  # fmt: skip
     body = [
         [r.fault, f"{r.report.committed:,}", str(r.report.lost), str(r.report.unexpected),
          str(r.report.duplicated), str(r.report.out_of_order), str(r.innocent_dead),
          str(r.connections_lost), f"{r.poison_dead}/{r.poisoned}" if r.poisoned else "-",
-         f"{r.recovery_s:.1f} s"]
+         f"{r.recovery_s:.1f} s", _full_speed(r)]
         for r in rows
     ]  # fmt: skip
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
