@@ -25,7 +25,9 @@ from relay.errors import ConfigError
 from relay.ports import Claimed, MalformedRow
 from relay.runtime.config import RelayConfig
 
-SECRETS = [new_secret() for _ in range(3)]
+# Fixed, not new_secret(): they appear in parametrized test ids, which every xdist worker must
+# collect alike.
+SECRETS = ["whsec_" + base64.b64encode(bytes([n]) * 32).decode() for n in (1, 2, 3)]
 NOW = 1_800_000_000
 
 
@@ -366,3 +368,10 @@ def test_help_and_status_never_show_a_secret(
     said = captured.out + captured.err
     assert "OUTBOX_SIGNING_KEYS" in said
     assert SECRETS[0][6:] not in said
+
+
+def test_a_new_secret_is_a_whsec_secret_of_32_random_bytes() -> None:
+    one, two = new_secret(), new_secret()
+    assert one.startswith("whsec_")
+    assert one != two
+    assert [len(key) for key in secret_keys([one, two])] == [32, 32]
