@@ -93,15 +93,18 @@ def returned(checker: DeliveryChecker) -> Return:
 
 @dataclass(frozen=True)
 class Timeline:
-    """Seconds from the fault's end to each step of the recovery (None: did not happen)."""
+    """Seconds from the fault's end to each step of the recovery (None: did not happen). A step
+    may come before it (negative): the broker can take connections again a moment before
+    `rabbitmqctl await_startup` returns."""
 
     backlog: int
     rate: float | None  # full speed, messages a second
-    relay_connected: float | None  # the relay's first broker.connected after the return
+    relay_connected: float | None  # the relay's last broker.connected, if it ever lost one
     lost_after: int  # broker.lost lines after the return (failed reconnects)
     first_arrival: float | None  # of a held-back message, after the return
     drained: float | None  # the last held-back message arrived
     consumer_connects: int  # the harness consumer's connections during the run
+    consumer_connected: float | None  # its last connection, if it had to connect again
 
     @property
     def full_speed_s(self) -> float | None:
@@ -114,22 +117,26 @@ def timeline(
     checker: DeliveryChecker,
     rate: float | None,
     relay_log: Path,
-    consumer_connects: int,
+    consumer_connects: list[float],
 ) -> Timeline:
+    """The steps, from the relay's log (its clock: UTC wall time) and the harness's own
+    monotonic clock (`consumer_connects`: when the consumer connected)."""
     connected: float | None = None
+    ever_lost = False
     lost = 0
     for line in relay_log.read_text(errors="replace").splitlines():
         match = _LOG_LINE.match(line)
         if match is None:
             continue
         stamp = dt.datetime.fromisoformat(match.group(1).replace("Z", "+00:00")).timestamp()
-        if stamp < back.wall:
-            continue
         if match.group(2) == "broker.lost":
-            lost += 1
-        elif connected is None:
+            ever_lost = True
+            if stamp >= back.wall:
+                lost += 1
+        elif ever_lost:
             connected = stamp - back.wall
     times = [t - back.at for t in checker.arrival_times(back.held_back) if t >= back.at]
+    again = consumer_connects[-1] - back.at if len(consumer_connects) > 1 else None
     return Timeline(
         backlog=back.backlog,
         rate=rate,
@@ -137,12 +144,13 @@ def timeline(
         lost_after=lost,
         first_arrival=min(times) if times else None,
         drained=max(times) if times else None,
-        consumer_connects=consumer_connects,
+        consumer_connects=len(consumer_connects),
+        consumer_connected=again,
     )
 
 
 def _s(value: float | None) -> str:
-    return "-" if value is None else f"+{value:.2f} s"
+    return "-" if value is None else f"{value:+.2f} s"
 
 
 def note(fault: str, t: Timeline) -> str:
@@ -156,4 +164,5 @@ def note(fault: str, t: Timeline) -> str:
         f"{_s(t.relay_connected)} ({t.lost_after} failed attempts after it), first arrival "
         f"{_s(t.first_arrival)}, last {_s(t.drained)}{drained}; full speed {speed} (drain "
         f"{full}); the harness consumer connected {t.consumer_connects}x"
+        + (f", last {_s(t.consumer_connected)}" if t.consumer_connected is not None else "")
     )

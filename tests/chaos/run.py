@@ -132,7 +132,7 @@ class Consumer:
         self.auto_ack = auto_ack
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-consumer")
-        self.connects = 0  # connections opened: more than one means the broker dropped it
+        self.connects: list[float] = []  # when it connected: twice, the broker dropped it
 
     def start(self) -> None:
         self._thread.start()
@@ -148,7 +148,7 @@ class Consumer:
             except pika.exceptions.AMQPError:
                 time.sleep(0.5)
                 continue
-            self.connects += 1
+            self.connects.append(time.monotonic())
             try:
                 channel = conn.channel()
                 channel.basic_qos(prefetch_count=1000)

@@ -1,0 +1,56 @@
+"""The chaos suite's recovery figures (tests/chaos/recovery.py): the calibration's keys, and the
+steps read from the relay's log and the checker's arrivals."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.checker import DeliveryChecker
+from tests.chaos.recovery import Return, calibration_keys, note, timeline
+
+COLD = [f"k{n}" for n in range(200)]
+
+
+def test_the_calibration_has_the_runs_key_shape() -> None:
+    uniform = calibration_keys(5000, COLD, [], 0.0)
+    assert Counter(uniform) == dict.fromkeys(COLD, 25)
+    hot = calibration_keys(1000, COLD, ["hot0", "hot1"], 0.8)
+    on_hot = Counter(k for k in hot if k.startswith("hot"))
+    assert on_hot == {"hot0": 400, "hot1": 400}
+
+
+def _stamp(wall: float) -> str:
+    return dt.datetime.fromtimestamp(wall, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def test_the_steps_count_from_the_faults_end(tmp_path: Path) -> None:
+    wall, at = 1_800_000_000.0, 500.0
+    log = tmp_path / "relay.log"
+    log.write_text(
+        f"{_stamp(wall - 30)} info broker.connected node=a\n"
+        f"{_stamp(wall - 9)} warning broker.lost node=a retry_in=0.5 attempt=1\n"
+        f"{_stamp(wall + 0.2)} warning broker.lost node=a retry_in=0.3 attempt=2\n"
+        f"{_stamp(wall + 0.5)} info broker.connected node=a\n"
+    )
+    checker = DeliveryChecker()
+    for n in range(3):
+        checker.committed(f"m{n}", "k0")
+    back = Return(at, wall, frozenset({"m0", "m1", "m2"}), backlog=2)
+    # Arrivals at chosen moments (m0 before the fault's end), as received() would record them.
+    checker._arrived_at.update({"m0": at - 1.0, "m1": at + 0.7, "m2": at + 1.2})
+    checker._arrived.update({"m0", "m1", "m2"})
+    t = timeline(back, checker, 4.0, log, [at - 40, at + 0.9])
+    assert t.relay_connected is not None
+    assert abs(t.relay_connected - 0.5) < 0.002
+    assert t.lost_after == 1
+    assert (t.first_arrival, t.drained) == pytest.approx((0.7, 1.2))
+    assert t.full_speed_s == 0.5
+    assert t.consumer_connects == 2
+    assert t.consumer_connected == pytest.approx(0.9)
+    line = note("broker cut", t)
+    assert "2 messages waited; relay reconnected +0.50 s (1 failed attempts after it)" in line
+    assert "last +1.20 s (4 msg/s); full speed 4 msg/s (drain 0.5 s)" in line
