@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 import outbox
 from relay.amqp import topology
 from relay.core.topology import read_topology
-from tests.support.vhosts import module_vhost_url
+from tests.support.vhosts import module_vhost_url, rabbitmqctl
 from tests.support.waiting import wait_until
 
 __all__ = ["module_vhost_url"]
@@ -69,6 +69,8 @@ def consuming(
     vhost_url = module_vhost_url
     tag = request.node.name.split("_")[1]
     text = FILE.replace('"orders"', f'"orders-{tag}"').replace('"work"', f'"work-{tag}"')
+    if tag == "quorum":
+        text = text.replace('name = "work-quorum"', 'name = "work-quorum"\ntype = "quorum"')
     topology.apply(vhost_url, read_topology(text))
     processed: list[tuple[str, str]] = []
     fail: dict[str, Exception] = {}
@@ -144,3 +146,16 @@ def test_a_retried_message_comes_back_after_its_keys_later_ones_and_a_dead_one_i
         for outcome, n in p.counts.items():
             counts[outcome] = counts.get(outcome, 0) + n
     assert counts == {"processed": 23, "retried": 1, "dead": 1}
+
+
+def test_quorum_partitions_keep_each_key_in_order(
+    consuming: tuple[list[tuple[str, str]], Any], module_vhost_url: str
+) -> None:
+    processed, (_, _consumer, exchange) = consuming
+    vhost = module_vhost_url.rsplit("/", 1)[1]
+    listed = rabbitmqctl("list_queues", "-p", vhost, "--no-table-headers", "name", "type")
+    types = dict(line.split() for line in listed.splitlines() if line.startswith("work-quorum"))
+    assert types == {"work-quorum.0": "quorum", "work-quorum.1": "quorum"}
+    ids = _publish(module_vhost_url, exchange, 5)
+    wait_until(lambda: len(processed) == 30, what="30 processed")
+    assert _by_key(processed) == ids
