@@ -169,7 +169,7 @@ def test_every_command_fails_in_one_line_when_nothing_answers(
     fill = {"show": ["00000000-0000-0000-0000-000000000000"], "cancel": [
         "00000000-0000-0000-0000-000000000000"], "replay": ["--state", "dead"],
         "discard": ["--state", "dead"], "purge": ["--older-than", "7d"],
-        "circuits reset": ["x"], "demo": ["--timeout", "1"],
+        "circuits reset": ["x"], "demo": ["--timeout", "1"], "console": ["--open-reads"],
         "reschedule": ["00000000-0000-0000-0000-000000000000", "--in", "10m"],
         "prioritize": ["00000000-0000-0000-0000-000000000000", "5"],
         "topology": ["check", TOPOLOGY], "topology apply": [TOPOLOGY],
