@@ -98,7 +98,6 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         relaxed_commit=True,  # claims and marks wait for no disk (Dialect.relaxed_commit)
     )
     check_schema(store)
-    warn_autovacuum(store)
     publisher = Publisher(
         config.amqp_url,
         confirm_timeout=config.confirm_timeout,
@@ -112,6 +111,8 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         made = topology.apply(config.amqp_url, config.topology, tls=config.amqp_tls)
         log.info("relay.topology_applied", extra={"file": config.topology.source, "made": made})
     publisher.start()
+    # Once the relay can run: a start that fails says why in one line, not after this warning.
+    warn_autovacuum(store)
     return wire_relay(store, publisher, config, telemetry=telemetry, tables=store.table_health)
 
 
