@@ -50,12 +50,6 @@ class TcpProxy:
             return url.replace(host_port, f"127.0.0.1:{self.port}")
         return url.replace(f"{self.target[0]}", f"127.0.0.1:{self.port}", 1)
 
-    @property
-    def open_sockets(self) -> int:
-        """The sockets of the connections open through it now (two each: client and server)."""
-        with self._lock:
-            return len(self._sockets)
-
     # ---- modes
 
     def cut(self) -> None:
