@@ -9,7 +9,6 @@ import selectors
 import socket
 import statistics
 import time
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine
@@ -17,34 +16,16 @@ from sqlalchemy import Engine
 from relay.console import server as console_server
 from relay.console.server import ConsoleServer, open_console
 from tests.integration.test_console_api import TOKEN, bearer, client, enqueue
+from tests.integration.test_console_input import pg_console  # noqa: F401  # the fixture, by name
 from tests.support.cli import assert_one_line_error, cli, environment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-@pytest.fixture
-def pg_console(pg_url: str, pg_engine: Engine) -> Iterator[ConsoleServer]:
-    server = open_console(pg_url, host="127.0.0.1", port=0, token=TOKEN, trace_url=None)
-    server.start()
-    yield server
-    server.stop()
-
-
-def raw_request(server: ConsoleServer, head: str, body: bytes = b"") -> tuple[int, bytes]:
-    """One request written to a socket as given; the answer's status and body."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
-        answer = b""
-        while chunk := s.recv(65536):
-            answer += chunk
-    status = int(answer.split(b" ", 2)[1])
-    return status, answer.split(b"\r\n\r\n", 1)[1]
-
-
 # --------------------------------------------------------------------------- finding 9
 
 
-def test_failed_logins_and_tokens_are_rate_limited_per_client(pg_console: ConsoleServer) -> None:
+def test_failed_logins_and_tokens_are_rate_limited_per_client(pg_console: ConsoleServer) -> None:  # noqa: F811
     origin = pg_console.url.rstrip("/")
     with client(pg_console, Origin=origin) as http:
         statuses = [
@@ -75,7 +56,7 @@ def test_a_token_under_128_bits_is_refused_at_start_in_one_line(token: str) -> N
 # --------------------------------------------------------------------------- finding 10
 
 
-def test_reads_on_loopback_need_the_token(pg_console: ConsoleServer, pg_engine: Engine) -> None:
+def test_reads_on_loopback_need_the_token(pg_console: ConsoleServer, pg_engine: Engine) -> None:  # noqa: F811
     (pending,) = enqueue(pg_engine, 1)
     with client(pg_console) as anonymous:
         for path in ("/api/messages", f"/api/messages/{pending}", "/api/overview", "/api/groups"):
