@@ -319,12 +319,13 @@ def publish_only(
     *,
     batch_size: int = 500,
     max_in_flight: int = 2000,
-    chain: bool = False,
+    chains: int = 0,
     timeout: float,
 ) -> DrainResult:
     """The relay's Publisher fed pre-built messages, batched and bounded as the relay does. With
-    `chain`, as one key's chain: every batch handed over at once, as the relay hands over a run,
-    each message sent once the one before it is confirmed (no database, no loop beside it)."""
+    `chains`, as that many keys' chains side by side (message i on chain i % chains, each chain a
+    key of its own): every batch handed over at once, as the relay hands over a run, each chain
+    sending a message once the one before it is confirmed (no database, no loop beside it)."""
     publisher = Publisher(amqp_url, name="outbox-relay bench publisher-only")
     publisher.start()
     lock = threading.Condition()
@@ -338,7 +339,16 @@ def publish_only(
             lock.notify()
 
     total = len(items)
-    sent = 0
+    # (batch, its chain or None), in the order they are handed over: with chains, each chain's
+    # first piece, then each one's second..., so that every chain starts at once.
+    lanes = [list(items[c::chains]) if chains else list(items) for c in range(max(chains, 1))]
+    cut = [[lane[i : i + batch_size] for i in range(0, len(lane), batch_size)] for lane in lanes]
+    batches = deque(
+        (own[n], ("bench", f"hot{c}") if chains else None)
+        for n in range(max(map(len, cut)))
+        for c, own in enumerate(cut)
+        if n < len(own)
+    )
     try:
         meter = CpuMeter()
         meter.start()
@@ -346,11 +356,10 @@ def publish_only(
         deadline = started + timeout
         with lock:
             while state["settled"] < total:
-                while sent < total and (chain or state["in_flight"] + batch_size <= max_in_flight):
-                    batch = items[sent : sent + batch_size]
-                    sent += len(batch)
+                while batches and (chains or state["in_flight"] + batch_size <= max_in_flight):
+                    batch, chain = batches.popleft()
                     state["in_flight"] += len(batch)
-                    publisher.publish(batch, done, chain=("bench", "key") if chain else None)
+                    publisher.publish(batch, done, chain=chain)
                 if time.perf_counter() > deadline:
                     raise DrainError(f"publisher only: {state['settled']} of {total} settled")
                 lock.wait(0.5)
@@ -358,7 +367,7 @@ def publish_only(
         cpu = meter.stop(finished - started)
     finally:
         publisher.stop()
-    what = "publisher only, one chain" if chain else "publisher only"
+    what = f"publisher only, {chains} chain(s)" if chains else "publisher only"
     result = DrainResult(what, total, finished - started, cpu=cpu)
     if state["failed"]:
         result.notes.append(f"{state['failed']} not confirmed")

@@ -12,8 +12,9 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pika
 from sqlalchemy import Engine, create_engine, text
@@ -27,6 +28,7 @@ BINDING_KEY = "bench.#"
 JSON_TYPE = "application/json"
 PERSISTENT = 2
 LOAD_BATCH = 5000
+T = TypeVar("T")
 
 
 def make_payload(n: int, size: int) -> dict[str, Any]:
@@ -216,6 +218,17 @@ class BenchBroker:
             return int(ch.queue_purge(self.queue).method.message_count)
         finally:
             conn.close()
+
+    def purged(self, fn: Callable[[], T], expected: int, what: str) -> T:
+        """`fn()`, then the queue purged, which counts what arrived: every confirmed message was
+        routed to it, so anything but `expected` is a failure of the phase."""
+        try:
+            value = fn()
+        finally:
+            arrived = self.purge()
+        if arrived != expected:
+            raise RuntimeError(f"{what}: {arrived} messages in the queue, expected {expected}")
+        return value
 
     def delete(self) -> None:
         conn, ch = self._channel()

@@ -9,10 +9,12 @@ systems every reading is None and the report leaves the split out.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+QUIET = 0.25  # cores busy below which the machine counts as idle between phases
 GROUPS = ("relay", "rabbitmq", "database", "other", "idle")  # "other": everything else
 
 
@@ -105,3 +107,34 @@ class CpuMeter:
         used["other"] = max(0.0, busy - used["relay"] - used["rabbitmq"] - used["database"])
         used["idle"] = end.idle - start.idle
         return CpuSplit(seconds, used)
+
+
+def busy_cores(seconds: float = 1.0) -> float | None:
+    """How many cores something else kept busy over `seconds` (Linux /proc/stat), or None."""
+
+    def sample() -> tuple[int, int]:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = values[3] + values[4]  # idle + iowait
+        return sum(values), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 == total0:
+        return None
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / (total1 - total0))
+
+
+def quiesce(limit: float = 15.0, busy: float = QUIET) -> bool:
+    """Wait (at most `limit` s) until the machine is nearly idle: the broker and the database
+    finish what the previous phase left them (fsyncs, vacuum, queue deletion) before the next.
+    False if it stayed busy."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        used = busy_cores(0.5)
+        if used is None or used < busy:
+            return True
+    return False

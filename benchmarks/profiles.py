@@ -1,0 +1,104 @@
+"""A short reading of the in-process drain's profiles (--profile DIR): for each thread, its own
+time by where the code lives, then the functions that spent most of it.
+
+Own time (pstats' tottime) is time in a function's own body, not in what it calls: what to make
+faster. Waits (a lock, the IO loop's poll, a sleep) are own time of the C function that waits, so
+they are grouped apart: they are the thread idle, not work.
+"""
+
+from __future__ import annotations
+
+import pstats
+import sysconfig
+from collections import defaultdict
+from pathlib import Path
+
+# The two profiles drain.drain_in_process writes, and what each thread does.
+PROFILES = (
+    ("relay-loop.prof", "the relay loop thread: claims, hand-over, marks"),
+    ("publisher-io.prof", "the publisher's IO thread: pika, confirms"),
+)
+TOP = 15
+WAITS = ("acquire' of '_thread", "poll", "select", "sleep", "'wait'")
+ROOT = Path(__file__).resolve().parents[1]
+STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+# (file, line, function) -> (primitive calls, calls, own seconds, cumulative seconds, callers)
+Label = tuple[str, int, str]
+
+
+def where(file_name: str, function: str) -> str:
+    """The group a function's time counts under: this project's package (two levels), an
+    installed distribution, a standard library module, C code, or a wait."""
+    if file_name == "~":  # C code: builtins and extension methods
+        return "waiting" if any(w in function for w in WAITS) else "C built-ins"
+    path = Path(file_name)
+    parts = path.parts
+    if "site-packages" in parts:
+        return parts[parts.index("site-packages") + 1].removesuffix(".py")
+    if path.is_relative_to(ROOT):
+        inside = path.relative_to(ROOT).with_suffix("").parts
+        return ".".join(inside[:2] if inside[0] == "relay" and len(inside) > 2 else inside[:1])
+    if path.is_relative_to(STDLIB):
+        return "stdlib " + path.relative_to(STDLIB).with_suffix("").parts[0]
+    return file_name
+
+
+def _short(label: Label) -> str:
+    file_name, line, function = label
+    if file_name == "~":
+        return function
+    path = Path(file_name)
+    for base in (ROOT, STDLIB):
+        if path.is_relative_to(base):
+            return f"{path.relative_to(base)}:{line}({function})"
+    if "site-packages" in path.parts:
+        inside = path.parts[path.parts.index("site-packages") + 1 :]
+        return f"{'/'.join(inside)}:{line}({function})"
+    return f"{file_name}:{line}({function})"
+
+
+def summarise(path: Path, what: str, top: int = TOP) -> list[str]:
+    """The lines for one profile file."""
+    raw: dict[Label, tuple[int, int, float, float, object]]
+    raw = vars(pstats.Stats(str(path)))["stats"]
+    total = sum(own for _, _, own, _, _ in raw.values())
+    if total <= 0:
+        return [f"profile {path.name} ({what}): empty"]
+    groups: defaultdict[str, float] = defaultdict(float)
+    for (file_name, _, function), (_, _, own, _, _) in raw.items():
+        groups[where(file_name, function)] += own
+    shares = ", ".join(
+        f"{g} {s / total:.0%}"
+        for g, s in sorted(groups.items(), key=lambda g: g[1], reverse=True)[:8]
+    )
+    lines = [
+        f"profile {path.name} ({what}): {total:.2f} s own time in all",
+        f"  by where: {shares}",
+        f"  {'own s':>7}  {'share':>5}  {'calls':>9}  where: function",
+    ]
+    heaviest = sorted(raw.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    for label, (_, calls, own, _, _) in heaviest:
+        lines.append(
+            f"  {own:7.3f}  {own / total:5.1%}  {calls:>9,}  "
+            f"{where(label[0], label[2])}: {_short(label)}"
+        )
+    return lines
+
+
+def summary(directory: Path, since: float = 0.0) -> list[str]:
+    """The lines for both profiles in `directory` written after `since` (time.time()), or why
+    there are none."""
+    lines: list[str] = []
+    for name, what in PROFILES:
+        path = directory / name
+        if not path.exists() or path.stat().st_mtime < since:
+            lines.append(f"profile {name}: not written by this run (no in-process phase)")
+            continue
+        lines += ["", *summarise(path, what)]
+    return lines
+
+
+def print_summary(directory: Path, since: float) -> None:
+    head = f"profiles in {directory} (own time, top {TOP} each)"
+    print("\n".join(["", head, *summary(directory, since)]), flush=True)

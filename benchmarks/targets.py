@@ -1,0 +1,121 @@
+"""The targets the benchmark judges, as pure functions of its figures: K, the window the broker
+needs to publish at full speed, and one line per target saying whether it was met."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Unconfirmed messages at most, for the raw pika ceiling of the window-need phase.
+WINDOWS = (32, 64, 128, 256, 512, 1024, 2048)
+# A window is enough once its rate is this share of the largest window's (the broker's full
+# speed): beyond it a larger window buys little rate and costs duplicates after a crash.
+FULL_SPEED = 0.9
+DRAIN = 0.8  # the default drain over the ceiling, at least
+KILL_PER_K = 2  # duplicates after a SIGKILL mid-drain, at most, per message of K
+KILL_RECOVERY_S = 6.0  # a SIGKILL mid-drain's restart to the last message, at most
+STEADY_KILL = 100  # duplicates after a SIGKILL at a steady 1,000 msg/s, at most
+HOT_BOUND = 0.9  # a hot key's drain over the relay's Publisher alone on the same chains, at least
+
+
+def window_need(rates: Mapping[int, float]) -> int | None:
+    """K: the smallest window whose rate is at least FULL_SPEED of the largest window's rate,
+    or None without a rate at the largest window."""
+    if not rates:
+        return None
+    full = rates[max(rates)]
+    if full <= 0:
+        return None
+    return min(w for w, rate in rates.items() if rate >= FULL_SPEED * full)
+
+
+def window_line(rates: Mapping[int, float]) -> str | None:
+    """K and every window's rate, in one line; None if no window was measured."""
+    k = window_need(rates)
+    if k is None:
+        return None
+    each = ", ".join(f"{w}: {rates[w]:,.0f}" for w in sorted(rates))
+    return (
+        f"window need K = {k}: the smallest window at >= {FULL_SPEED:.1f}x the rate at "
+        f"{max(rates)} (raw pika msg/s by window: {each})"
+    )
+
+
+def verdict(target: str, met: bool | None, detail: str) -> str:
+    """One target's line: met, NOT met, or cannot be judged (None)."""
+    word = "cannot be judged" if met is None else ("met" if met else "NOT met")
+    return f"target {target}: {word} ({detail})"
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """The medians the targets are judged on; None where a phase did not run or failed."""
+
+    ceiling: float | None = None
+    drain: float | None = None
+    drain_name: str = "in-process"
+    window_rates: Mapping[int, float] = field(default_factory=dict)
+    kill_duplicates: float | None = None
+    kill_recovery_s: float | None = None
+    steady_duplicates: float | None = None
+    hot_1: float | None = None
+    hot_publisher: float | None = None
+    hot_4: float | None = None
+    hot_publisher_4: float | None = None
+    small: float | None = None
+    small_ceiling: float | None = None
+    small_relay_us: float | None = None
+    relay_us: float | None = None  # the relay's CPU per message of the 1 KB in-process drain
+
+
+def _rate_pair(figure: float, bound: float) -> str:
+    return f"{figure:,.0f} vs {bound:,.0f} msg/s: {figure / bound:.2f}x"
+
+
+def _at_least(
+    target: str, figure: float | None, bound: float | None, share: float, name: str = ""
+) -> list[str]:
+    """The line of a rate target (`name` leads the detail), or none if the rate is unknown."""
+    if figure is None:
+        return []
+    if not bound:
+        return [verdict(target, None, f"{name}{figure:,.0f} msg/s; its bound was not measured")]
+    return [verdict(target, figure >= share * bound, name + _rate_pair(figure, bound))]
+
+
+def target_lines(f: Figures) -> list[str]:
+    """A line per target whose figure was measured, then the 80-byte figures (no target)."""
+    name = f"{f.drain_name}: "
+    lines = _at_least(f"relay >= {DRAIN:.1f}x ceiling", f.drain, f.ceiling, DRAIN, name)
+    if f.kill_duplicates is not None:
+        k = window_need(f.window_rates)
+        target = f"kill mid-drain duplicates <= {KILL_PER_K}x K"
+        if k is None:
+            why = "K was not measured: run the window-need phase with it"
+            lines.append(verdict(target, None, f"{f.kill_duplicates:.0f} duplicates; {why}"))
+        else:
+            bound = KILL_PER_K * k
+            met = f.kill_duplicates <= bound
+            lines.append(verdict(f"{target} ({bound})", met, f"{f.kill_duplicates:.0f} vs {bound}"))
+    if f.kill_recovery_s is not None:
+        met = f.kill_recovery_s <= KILL_RECOVERY_S
+        detail = f"{f.kill_recovery_s:.1f} s vs {KILL_RECOVERY_S:.0f} s"
+        lines.append(verdict(f"kill mid-drain recovery <= {KILL_RECOVERY_S:.0f} s", met, detail))
+    if f.steady_duplicates is not None:
+        met = f.steady_duplicates <= STEADY_KILL
+        detail = f"{f.steady_duplicates:.0f} vs {STEADY_KILL}"
+        lines.append(verdict(f"steady kill duplicates <= {STEADY_KILL}", met, detail))
+    alone = f"{HOT_BOUND:.1f}x the relay Publisher alone on"
+    lines += _at_least(f"one hot key >= {alone} one chain", f.hot_1, f.hot_publisher, HOT_BOUND)
+    lines += _at_least(
+        f"four hot keys >= {alone} four chains", f.hot_4, f.hot_publisher_4, HOT_BOUND
+    )
+    if f.small is not None:
+        parts = [f"relay drain {f.small:,.0f} msg/s"]
+        if f.small_ceiling:
+            parts = [f"relay drain {_rate_pair(f.small, f.small_ceiling)} its ceiling"]
+        if f.small_relay_us is not None:
+            beside = f" (1 KB bodies: {f.relay_us:.0f} us/msg)" if f.relay_us is not None else ""
+            parts.append(f"relay CPU {f.small_relay_us:.0f} us/msg{beside}")
+        lines.append("80-byte bodies: " + "; ".join(parts))
+    return lines

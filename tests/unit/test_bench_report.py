@@ -1,0 +1,94 @@
+"""The benchmark's targets (benchmarks/targets.py): K is the smallest window at 0.9x the largest
+window's rate, and each target's line says met, NOT met, or that it cannot be judged."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.targets import Figures, target_lines, window_line, window_need
+
+RATES = {32: 2000.0, 64: 3500.0, 128: 6000.0, 256: 9100.0, 512: 9800.0, 1024: 9900.0, 2048: 10000.0}
+
+
+def test_k_is_the_smallest_window_at_nine_tenths_of_the_largest() -> None:
+    assert window_need(RATES) == 256
+    assert window_need({**RATES, 256: 8999.0}) == 512
+
+
+def test_k_is_judged_against_the_largest_window_even_when_a_smaller_one_is_faster() -> None:
+    assert window_need({32: 500.0, 64: 12000.0, 2048: 10000.0}) == 64
+    assert window_need({32: 500.0, 2048: 10000.0}) == 2048
+
+
+def test_no_k_without_a_rate_at_the_largest_window() -> None:
+    assert window_need({}) is None
+    assert window_need({32: 100.0, 2048: 0.0}) is None
+    assert window_line({}) is None
+
+
+def test_the_window_line_gives_k_and_every_rate() -> None:
+    line = window_line(RATES)
+    assert line is not None
+    assert line.startswith("window need K = 256:")
+    assert "32: 2,000" in line
+    assert "2048: 10,000" in line
+
+
+def _line(lines: list[str], start: str) -> str:
+    found = [line for line in lines if line.startswith(start)]
+    assert len(found) == 1, lines
+    return found[0]
+
+
+@pytest.mark.parametrize(("duplicates", "word"), [(512.0, "met"), (513.0, "NOT met")])
+def test_kill_duplicates_are_judged_against_twice_k(duplicates: float, word: str) -> None:
+    lines = target_lines(Figures(window_rates=RATES, kill_duplicates=duplicates))
+    line = _line(lines, "target kill mid-drain duplicates <= 2x K (512): ")
+    assert line.endswith(f": {word} ({duplicates:.0f} vs 512)")
+
+
+def test_kill_duplicates_without_k_cannot_be_judged() -> None:
+    line = _line(target_lines(Figures(kill_duplicates=100.0)), "target kill mid-drain dup")
+    assert ": cannot be judged (100 duplicates; K was not measured" in line
+
+
+def test_recovery_and_steady_kill() -> None:
+    lines = target_lines(Figures(kill_recovery_s=6.4, steady_duplicates=100.0))
+    assert _line(lines, "target kill mid-drain recovery").endswith("NOT met (6.4 s vs 6 s)")
+    assert _line(lines, "target steady kill").endswith(": met (100 vs 100)")
+
+
+def test_hot_keys_against_their_publisher_bounds() -> None:
+    lines = target_lines(
+        Figures(hot_1=900.0, hot_publisher=1000.0, hot_4=2000.0, hot_publisher_4=3000.0)
+    )
+    assert ": met (900 vs 1,000 msg/s: 0.90x)" in _line(lines, "target one hot key")
+    assert ": NOT met (2,000 vs 3,000 msg/s: 0.67x)" in _line(lines, "target four hot keys")
+
+
+def test_a_hot_key_without_its_bound_cannot_be_judged() -> None:
+    line = _line(target_lines(Figures(hot_4=2000.0)), "target four hot keys")
+    assert "cannot be judged" in line
+
+
+def test_the_default_drain_and_the_small_figures() -> None:
+    lines = target_lines(
+        Figures(
+            ceiling=10000.0,
+            drain=8500.0,
+            small=9000.0,
+            small_ceiling=15000.0,
+            small_relay_us=40.0,
+            relay_us=100.0,
+        )
+    )
+    assert _line(lines, "target relay >= 0.8x ceiling").endswith(
+        ": met (in-process: 8,500 vs 10,000 msg/s: 0.85x)"
+    )
+    small = _line(lines, "80-byte bodies: ")
+    assert "9,000 vs 15,000 msg/s: 0.60x its ceiling" in small
+    assert "relay CPU 40 us/msg (1 KB bodies: 100 us/msg)" in small
+
+
+def test_nothing_measured_judges_nothing() -> None:
+    assert target_lines(Figures()) == []
