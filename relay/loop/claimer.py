@@ -19,11 +19,13 @@ about to take its leases over (relay/loop/pulse.py).
 from __future__ import annotations
 
 import itertools
+import logging
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 
 from relay.core.outcome import Fate, Outcome
+from relay.core.window import Window
 from relay.loop import chains, suspects
 from relay.loop.circuits import ResourceGuard
 from relay.loop.counts import Counts
@@ -32,6 +34,8 @@ from relay.loop.observer import Observer
 from relay.loop.settings import LoopSettings
 from relay.ports import Claimed, MalformedRow, Outgoing, Publisher, Store
 from relay.reconnect import Backoff
+
+log = logging.getLogger("relay")
 
 # Seconds: the longest pause in claiming while the database fails (jittered: relay/reconnect.py).
 DB_BACKOFF_MAX = 2.0
@@ -71,7 +75,9 @@ class Claimer:
         self._empty = 0  # consecutive claims that found nothing
         self._db_backoff = Backoff(first=0.1, cap=DB_BACKOFF_MAX, floor=0.05)
         self._chunks = itertools.count(1)
-        self._chunk = max(1, min(CHUNK_MAX, config.max_unconfirmed // 4))
+        # Sent and not yet written, at most: sized to the broker's confirm round, under
+        # max_unconfirmed (relay/core/window.py).
+        self.window = Window(config.max_unconfirmed)
         self._piece = max(1, min(chains.PIECE, config.max_unconfirmed))  # what a chain takes
 
     # ----------------------------------------------------------------- pacing
@@ -269,12 +275,15 @@ class Claimer:
         """Hand claimed rows to the publisher, in claim order, while fewer than
         `max_unconfirmed` are sent and not yet written. Suspects go only once nothing else is in
         flight."""
-        publisher, leases = self._publisher, self._leases
+        publisher, leases, window = self._publisher, self._leases, self.window
         if not publisher.ready or publisher.blocked or not self._fresh(now):
             return
-        room = self._config.max_unconfirmed - leases.sending
+        room = window.size - leases.sending
         if room <= 0:
+            if leases.waiting:
+                window.held_back()
             return
+        chunk = max(1, min(CHUNK_MAX, window.size // 4))
         # Chains first: each takes one piece of the window, however long.
         room = chains.hand_over(
             leases.values(),
@@ -288,11 +297,25 @@ class Claimer:
             if not suspects.may_send(lease, leases):
                 break  # quarantined, and claimed last: everything before it settles first
             while lease.unsent and room > 0:
-                n = min(self._chunk, room, len(lease.unsent))
+                n = min(chunk, room, len(lease.unsent))
                 self._publish(lease, [lease.unsent.popleft() for _ in range(n)], now)
                 room -= n
             if room <= 0:
-                return
+                break
+        window.in_flight(leases.sending)
+        if room <= 0 and leases.waiting:
+            window.held_back()
+
+    def written(self, messages: int, now: float) -> None:
+        """`messages` outcomes were just written: the window measures its rate by them."""
+        window = self.window
+        before = window.size
+        window.written(messages, now)
+        if window.size != before and log.isEnabledFor(logging.DEBUG):
+            epoch = window.last
+            extra = {"size": window.size, "was": before,
+                     "rate": None if epoch is None else round(epoch.rate)}  # fmt: skip
+            log.debug("relay.window", extra=extra)
 
     def _publish(
         self, lease: Lease, rows: list[Claimed], now: float, *, chain: str | None = None

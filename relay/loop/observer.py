@@ -199,6 +199,17 @@ class Observer:
                 lambda: [(t.dead_ratio, {"table": t.table}) for t in read()],
             )
 
+    def watch_window(self, size: Callable[[], int]) -> None:
+        """A gauge of the relay's window (relay/core/window.py): free to read."""
+        _gauge(
+            self._meter,
+            "outbox.relay.window",
+            "{message}",
+            "messages this relay may have sent and not yet written: its window, sized to the "
+            "broker's confirm round, at most --max-unconfirmed",
+            lambda: [(float(size()), {})],
+        )
+
     # ----------------------------------------------------------------- spans
 
     def start_send(self, row: Claimed) -> tuple[Span | None, str | None, str | None]:

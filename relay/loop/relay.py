@@ -153,6 +153,7 @@ class Relay:
         counts = Counts()
         now = self._clock()
         self._settle(counts)
+        self.claimer.written(counts.published + counts.retried + counts.dead, now)
         self._give_back_held(counts)
         publisher = self.publisher
         if self._leases.waiting and (not publisher.ready or publisher.blocked):

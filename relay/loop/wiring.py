@@ -41,6 +41,9 @@ def wire_relay(
     if telemetry is not None and telemetry.meter_provider is not None:
         # Gauges cost queries: only when something reads them.
         observer.watch(store, guard.states, tables)
-    return Relay(
+    relay = Relay(
         store, publisher, config, guard=guard, observer=observer, clock=clock, wall=wall, rng=rng
     )
+    if telemetry is not None and telemetry.meter_provider is not None:
+        observer.watch_window(lambda: relay.claimer.window.size)
+    return relay

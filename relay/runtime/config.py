@@ -68,7 +68,7 @@ class RelayConfig:
     # Messages handed to the publisher and not yet marked (or settled otherwise), at most: what a
     # killed relay can leave sent and unmarked, for the next to publish again; the rest of a claim
     # waits in memory.
-    max_unconfirmed: int = kept(256, positive_int)
+    max_unconfirmed: int = kept(2048, positive_int)
     # Longest wait between claims when idle (a notification ends it).
     poll_interval: float = kept(0.5, positive_number)
     min_poll_interval: float = kept(0.005, positive_number)  # first wait after a claim found work

@@ -176,3 +176,36 @@ def test_rows_waiting_for_the_window_go_back_when_the_broker_cannot_take_them() 
     assert [store.rows[i].released for i in range(3, 9)] == [1] * 6
     assert relay.in_flight == 0
     assert [i.ref for i in publisher.published] == [1, 2]
+
+
+def test_a_backlog_grows_the_default_window_and_its_end_shrinks_it() -> None:
+    """The loop feeds the window (relay/core/window.py): with every setting at its default, a
+    backlog the broker answers a round later grows it from its first size towards ROUND
+    seconds of the rate, never past max_unconfirmed; once the work stops filling it, it
+    shrinks."""
+    store = FakeStore()
+    store.add(*(make_claimed(i) for i in range(1, 30_001)))
+    publisher = FakePublisher(hold=True)
+    relay, clock = make_relay(store, publisher)
+    window = relay.claimer.window
+    first = window.size
+    for _ in range(1_000):  # 5 ms a pass; the broker answers what was held a pass earlier
+        answer(publisher, len(publisher.held))
+        relay.run_once()
+        clock.now += 0.005
+    grown = window.size
+    assert first < grown <= relay.config.max_unconfirmed
+    while publisher.held or store.states().get(30_000) != "published":
+        answer(publisher, len(publisher.held))
+        relay.run_once()
+        clock.now += 0.005
+    for _ in range(400):  # two idle seconds
+        relay.run_once()
+        clock.now += 0.005
+        answer(publisher, len(publisher.held))
+    store.add(*(make_claimed(i) for i in range(30_001, 30_011)))  # a trickle
+    for _ in range(400):
+        answer(publisher, len(publisher.held))
+        relay.run_once()
+        clock.now += 0.005
+    assert window.size < grown

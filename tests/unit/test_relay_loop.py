@@ -12,6 +12,7 @@ import pytest
 
 from relay.core.outcome import Fate, Outcome
 from relay.core.policy import RetryPolicy
+from relay.core.window import Window
 from relay.loop.relay import Relay
 from relay.loop.wiring import wire_relay
 from relay.ports import Outgoing
@@ -40,6 +41,11 @@ def make_relay(
         wall=lambda: EPOCH + dt.timedelta(minutes=1),
         rng=random.Random(5),
     )
+    if "max_unconfirmed" in config:
+        # A test that names the window means a window of that size: its sizing is
+        # tests/unit/test_window.py's.
+        size = cfg.max_unconfirmed
+        relay.claimer.window = Window(size, start=size, floor=size)
     return relay, clock
 
 
