@@ -165,8 +165,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--max-in-flight", "OUTBOX_MAX_IN_FLIGHT", "max_in_flight", positive_int,
             "unconfirmed messages at most", metavar="N"),
     Setting("--max-unconfirmed", "OUTBOX_MAX_UNCONFIRMED", "max_unconfirmed", positive_int,
-            "messages published and not yet marked at most: what a killed relay can leave for "
-            "the next to publish again", metavar="N"),
+            "messages published and not yet marked at most: the ceiling of the window, which "
+            "sizes itself to the broker's confirm round below it; what a killed relay can leave "
+            "for the next to publish again", metavar="N"),
     Setting("--heartbeat-interval", "OUTBOX_HEARTBEAT_INTERVAL", "heartbeat_interval",
             positive_number, "seconds between this relay's heartbeats", show=_seconds,
             metavar="SECONDS"),
