@@ -2,8 +2,9 @@
 time by where the code lives, then the functions that spent most of it.
 
 Own time (pstats' tottime) is time in a function's own body, not in what it calls: what to make
-faster. Waits (a lock, the IO loop's poll, a sleep) are own time of the C function that waits, so
-they are grouped apart: they are the thread idle, not work.
+faster. A wait is own time of the function that blocks, so waits are grouped apart: psycopg's
+`wait` (its C part is not profiled on its own) is the thread waiting for the database; a lock, a
+queue, a sleep or the IO loop's poll is the thread idle.
 """
 
 from __future__ import annotations
@@ -19,23 +20,25 @@ PROFILES = (
     ("publisher-io.prof", "the publisher's IO thread: pika, confirms"),
 )
 TOP = 15
-WAITS = ("acquire' of '_thread", "poll", "select", "sleep", "'wait'")
+IDLE = ("'acquire' of '_thread", "'get' of '_queue", "'poll' of 'select", "time.sleep")
+DB_WAIT = ("wait", "wait_c", "wait_conn")  # psycopg's functions that block on the server
 ROOT = Path(__file__).resolve().parents[1]
 STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
-# (file, line, function) -> (primitive calls, calls, own seconds, cumulative seconds, callers)
-Label = tuple[str, int, str]
+Label = tuple[str, int, str]  # a function, as pstats names it: (file, line, name)
 
 
 def where(file_name: str, function: str) -> str:
     """The group a function's time counts under: this project's package (two levels), an
     installed distribution, a standard library module, C code, or a wait."""
     if file_name == "~":  # C code: builtins and extension methods
-        return "waiting" if any(w in function for w in WAITS) else "C built-ins"
+        return "idle" if any(w in function for w in IDLE) else "C built-ins"
     path = Path(file_name)
     parts = path.parts
     if "site-packages" in parts:
-        return parts[parts.index("site-packages") + 1].removesuffix(".py")
+        package = parts[parts.index("site-packages") + 1].removesuffix(".py")
+        waits = package.startswith("psycopg") and function in DB_WAIT
+        return "waiting for the database" if waits else package
     if path.is_relative_to(ROOT):
         inside = path.relative_to(ROOT).with_suffix("").parts
         return ".".join(inside[:2] if inside[0] == "relay" and len(inside) > 2 else inside[:1])
@@ -49,17 +52,18 @@ def _short(label: Label) -> str:
     if file_name == "~":
         return function
     path = Path(file_name)
+    if "site-packages" in path.parts:  # before ROOT: the venv may live inside it
+        inside = path.parts[path.parts.index("site-packages") + 1 :]
+        return f"{'/'.join(inside)}:{line}({function})"
     for base in (ROOT, STDLIB):
         if path.is_relative_to(base):
             return f"{path.relative_to(base)}:{line}({function})"
-    if "site-packages" in path.parts:
-        inside = path.parts[path.parts.index("site-packages") + 1 :]
-        return f"{'/'.join(inside)}:{line}({function})"
     return f"{file_name}:{line}({function})"
 
 
 def summarise(path: Path, what: str, top: int = TOP) -> list[str]:
     """The lines for one profile file."""
+    # function -> (primitive calls, calls, own seconds, cumulative seconds, callers)
     raw: dict[Label, tuple[int, int, float, float, object]]
     raw = vars(pstats.Stats(str(path)))["stats"]
     total = sum(own for _, _, own, _, _ in raw.values())
@@ -68,12 +72,12 @@ def summarise(path: Path, what: str, top: int = TOP) -> list[str]:
     groups: defaultdict[str, float] = defaultdict(float)
     for (file_name, _, function), (_, _, own, _, _) in raw.items():
         groups[where(file_name, function)] += own
-    shares = ", ".join(
-        f"{g} {s / total:.0%}"
-        for g, s in sorted(groups.items(), key=lambda g: g[1], reverse=True)[:8]
-    )
+    work = total - groups["idle"] - groups["waiting for the database"]
+    largest = sorted(groups.items(), key=lambda g: g[1], reverse=True)
+    shares = ", ".join(f"{g} {s / total:.0%}" for g, s in largest if s >= total / 100)
     lines = [
-        f"profile {path.name} ({what}): {total:.2f} s own time in all",
+        f"profile {path.name} ({what}): {total:.2f} s own time in all, {work:.2f} s of it "
+        "not waiting",
         f"  by where: {shares}",
         f"  {'own s':>7}  {'share':>5}  {'calls':>9}  where: function",
     ]

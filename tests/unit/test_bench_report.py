@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import profiles
 from benchmarks.targets import Figures, target_lines, window_line, window_need
 
 RATES = {32: 2000.0, 64: 3500.0, 128: 6000.0, 256: 9100.0, 512: 9800.0, 1024: 9900.0, 2048: 10000.0}
@@ -92,3 +93,27 @@ def test_the_default_drain_and_the_small_figures() -> None:
 
 def test_nothing_measured_judges_nothing() -> None:
     assert target_lines(Figures()) == []
+
+
+@pytest.mark.parametrize(
+    ("file_name", "function", "group"),
+    [
+        ("~", "<method 'poll' of 'select.epoll' objects>", "idle"),
+        ("~", "<method 'get' of '_queue.SimpleQueue' objects>", "idle"),
+        ("~", "<method 'send' of '_socket.socket' objects>", "C built-ins"),
+        (
+            "/v/lib/python3.11/site-packages/psycopg/connection.py",
+            "wait",
+            "waiting for the database",
+        ),
+        ("/v/lib/python3.11/site-packages/psycopg/cursor.py", "fetchall", "psycopg"),
+        ("/v/lib/python3.11/site-packages/six.py", "b", "six"),
+        (str(profiles.ROOT / "relay/amqp/publisher.py"), "_send", "relay.amqp"),
+        (str(profiles.ROOT / "benchmarks/drain.py"), "run", "benchmarks"),
+        (str(profiles.STDLIB / "json/decoder.py"), "decode", "stdlib json"),
+    ],
+)
+def test_profile_time_is_grouped_by_where_the_code_lives(
+    file_name: str, function: str, group: str
+) -> None:
+    assert profiles.where(file_name, function) == group
