@@ -130,6 +130,10 @@ class ConsoleServer:
             backlog=BACKLOG,
             timeout_graceful_shutdown=5,
         )
+        # uvicorn's own start and stop lines ("Started server process", "Uvicorn running on")
+        # say what console.listening says, and from another thread, so they may come first: its
+        # warnings and errors still show.
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run,
