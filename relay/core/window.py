@@ -75,6 +75,11 @@ class Window:
         """The window was full while rows waited to be handed over."""
         self._limited = True
 
+    @property
+    def limited(self) -> bool:
+        """Whether the window held a hand-over back in the epoch running now."""
+        return self._limited
+
     def in_flight(self, messages: int) -> None:
         """Messages sent and not written, now."""
         if messages > self._peak:

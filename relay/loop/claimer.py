@@ -3,10 +3,11 @@ claims.
 
 Each claim is the main claim (every resource but those with an open circuit or a rate limit),
 then one probe per circuit whose cooldown is over and each rate-limited resource's share of
-tokens. Claimed rows go to the publisher in chunks while fewer than `max_unconfirmed` messages
-are sent and not yet marked (`pump`), and the next batch is claimed while one is still being
-sent: the broker always has work, and few messages are sent and unmarked at any moment, so a
-relay killed mid-drain leaves little for the next one to send again.
+tokens. Claimed rows go to the publisher in chunks while fewer than the window's size (at most
+`max_unconfirmed`, relay/core/window.py) are sent and not yet marked (`pump`), and the next
+batch is claimed while one is still being sent: the broker always has work, and few messages
+are sent and unmarked at any moment, so a relay killed mid-drain leaves little for the next one
+to send again.
 
 A claim's hot keys come as chains, handed over whole and extended before they end
 (`extend_runs`): relay/loop/chains.py. Suspects (rows whose relay died holding them) are
@@ -272,9 +273,9 @@ class Claimer:
     # ----------------------------------------------------------------- sending
 
     def pump(self, now: float) -> None:
-        """Hand claimed rows to the publisher, in claim order, while fewer than
-        `max_unconfirmed` are sent and not yet written. Suspects go only once nothing else is in
-        flight."""
+        """Hand claimed rows to the publisher, in claim order, while fewer than the window
+        (relay/core/window.py) are sent and not yet written. Suspects go only once nothing else
+        is in flight."""
         publisher, leases, window = self._publisher, self._leases, self.window
         if not publisher.ready or publisher.blocked or not self._fresh(now):
             return
@@ -303,7 +304,9 @@ class Claimer:
             if room <= 0:
                 break
         window.in_flight(leases.sending)
-        if room <= 0 and leases.waiting:
+        # Rows still wait, and the room left is too little for a chain's piece: the window is
+        # what holds them (with more room, it is the suspects' quarantine).
+        if room < self._piece and leases.waiting:
             window.held_back()
 
     def written(self, messages: int, now: float) -> None:

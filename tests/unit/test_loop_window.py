@@ -209,3 +209,15 @@ def test_a_backlog_grows_the_default_window_and_its_end_shrinks_it() -> None:
         relay.run_once()
         clock.now += 0.005
     assert window.size < grown
+
+
+def test_chains_left_waiting_for_room_count_as_held_back_by_the_window() -> None:
+    """Chains of 30, each wanting a piece of the window: eight fit in the first (256), and with 16
+    left the others wait for room. That is the window holding them back, so it may grow."""
+    store = FakeStore()
+    store.add(*(make_claimed(seq, key=f"k{seq % 12}") for seq in range(1, 12 * 30 + 1)))
+    publisher = FakePublisher(hold=True)
+    relay, _ = make_relay(store, publisher)
+    relay.run_once()
+    assert [len(items) for items, _ in publisher.held] == [30] * 8
+    assert relay.claimer.window.limited
