@@ -4,10 +4,11 @@ to drain at the full speed of this very run.
 
 The full speed is measured, not assumed: before the writers' traffic meets any fault, a
 calibration backlog committed ahead of the relay's start drains while the writers already write
-(the same relay, consumer and load as after a fault), and its rate, first arrival to last, is
-the pipeline's full speed. The calibration has the shape of what a fault holds back: the run's
-keys, hot and cold in the run's proportions, since a keyed backlog drains as chains (one message
-per confirm for each key) and not at an unkeyed backlog's rate. A fault's backlog of B messages
+(the same relay, consumer and load as after a fault), and the rate at which messages arrive
+while it drains (its own and the writers', which share the relay with it) is the pipeline's full
+speed. The calibration has the shape of what a fault holds back: the run's keys, hot and cold in
+the run's proportions, since a keyed backlog drains as chains (one message per confirm for each
+key) and not at an unkeyed backlog's rate. A fault's backlog of B messages
 then takes B / rate at full speed: the relay takes the oldest rows first, so what is committed
 during the drain waits behind it. Recovery beyond that drain is what the fault itself cost (a
 reconnect, a lease taken back).
@@ -63,16 +64,22 @@ def write_calibration(
 
 
 def full_speed(checker: DeliveryChecker, ids: set[str], timeout: float) -> float | None:
-    """Wait until every calibration message arrived; the rate they arrived at (messages a
-    second, first arrival to last), or None if they did not all arrive within `timeout`."""
+    """Wait until every calibration message arrived; the rate at which messages arrived while
+    they drained (messages a second, first calibration arrival to last), or None if they did not
+    all arrive within `timeout`. Every message counts, the writers' too: they share the relay with
+    the calibration backlog, as they share it with a fault's."""
     deadline = time.monotonic() + timeout
     while not checker.all_received(ids):
         if time.monotonic() > deadline:
             return None
         time.sleep(0.02)
     times = checker.arrival_times(ids)
-    span = max(times) - min(times)
-    return (len(times) - 1) / span if span > 0 else None
+    first, last = min(times), max(times)
+    if last <= first:
+        return None
+    every = checker.arrival_times(checker.committed_ids())
+    arrived = sum(1 for t in every if first <= t <= last)
+    return (arrived - 1) / (last - first)
 
 
 @dataclass(frozen=True)
