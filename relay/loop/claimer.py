@@ -275,39 +275,41 @@ class Claimer:
     def pump(self, now: float) -> None:
         """Hand claimed rows to the publisher, in claim order, while fewer than the window
         (relay/core/window.py) are sent and not yet written. Suspects go only once nothing else
-        is in flight."""
+        is in flight.
+
+        Chains go first, each taking one piece, and are held to `max_unconfirmed` only, not to
+        the window: a chain's piece takes one broker confirm per message, so its round is long
+        by design, not because the broker queues; held to a window sized by rounds, many keys'
+        chains would shrink it, and so their own number in flight, to its floor."""
         publisher, leases, window = self._publisher, self._leases, self.window
         if not publisher.ready or publisher.blocked or not self._fresh(now):
             return
-        room = window.size - leases.sending
-        if room <= 0:
-            if leases.waiting:
-                window.held_back()
-            return
-        chunk = max(1, min(CHUNK_MAX, window.size // 4))
-        # Chains first: each takes one piece of the window, however long.
-        room = chains.hand_over(
-            leases.values(),
-            room,
-            self._piece,
-            lambda lease, piece, key: self._publish(lease, piece, now, chain=key),
-        )
-        for lease in list(leases.values()):
-            if not lease.unsent:
-                continue
-            if not suspects.may_send(lease, leases):
-                break  # quarantined, and claimed last: everything before it settles first
-            while lease.unsent and room > 0:
-                n = min(chunk, room, len(lease.unsent))
-                self._publish(lease, [lease.unsent.popleft() for _ in range(n)], now)
-                room -= n
-            if room <= 0:
-                break
-        window.in_flight(leases.sending)
-        # Rows still wait, and the room left is too little for a chain's piece: the window is
-        # what holds them (with more room, it is the suspects' quarantine).
-        if room < self._piece and leases.waiting:
-            window.held_back()
+        sending = leases.sending
+        if sending < window.ceiling:
+            left = chains.hand_over(
+                leases.values(),
+                window.ceiling - sending,
+                self._piece,
+                lambda lease, piece, key: self._publish(lease, piece, now, chain=key),
+            )
+            sending = window.ceiling - left
+        room = window.size - sending
+        if room > 0:
+            chunk = max(1, min(CHUNK_MAX, window.size // 4))
+            for lease in list(leases.values()):
+                if not lease.unsent:
+                    continue
+                if not suspects.may_send(lease, leases):
+                    break  # quarantined, and claimed last: everything before it settles first
+                while lease.unsent and room > 0:
+                    n = min(chunk, room, len(lease.unsent))
+                    self._publish(lease, [lease.unsent.popleft() for _ in range(n)], now)
+                    room -= n
+                if room <= 0:
+                    break
+            window.in_flight(leases.sending)
+        if room <= 0 and leases.unsent:
+            window.held_back()  # rows to send side by side wait for the window
 
     def written(self, messages: int, now: float) -> None:
         """`messages` outcomes were just written: the window measures its rate by them."""

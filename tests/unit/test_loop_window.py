@@ -211,13 +211,19 @@ def test_a_backlog_grows_the_default_window_and_its_end_shrinks_it() -> None:
     assert window.size < grown
 
 
-def test_chains_left_waiting_for_room_count_as_held_back_by_the_window() -> None:
-    """Chains of 30, each wanting a piece of the window: eight fit in the first (256), and with 16
-    left the others wait for room. That is the window holding them back, so it may grow."""
+def test_chains_are_held_to_max_unconfirmed_and_rows_beside_them_to_the_window() -> None:
+    """Chains of 30, each taking a piece: they go up to max_unconfirmed, past the first window
+    (256), and do not count as held back by it (their rounds are one confirm per message, not a
+    queue at the broker). Rows to send side by side wait for the window, and do count."""
     store = FakeStore()
     store.add(*(make_claimed(seq, key=f"k{seq % 12}") for seq in range(1, 12 * 30 + 1)))
     publisher = FakePublisher(hold=True)
     relay, _ = make_relay(store, publisher)
     relay.run_once()
-    assert [len(items) for items, _ in publisher.held] == [30] * 8
+    assert [len(items) for items, _ in publisher.held] == [30] * 12
+    assert not relay.claimer.window.limited
+    store.add(*(make_claimed(seq) for seq in range(1000, 1100)))
+    relay.claimer.claim_soon()
+    relay.run_once()
+    assert len(publisher.published) == 12 * 30  # the chains fill the window: the rows wait
     assert relay.claimer.window.limited
