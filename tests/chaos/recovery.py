@@ -112,6 +112,9 @@ class Timeline:
     drained: float | None  # the last held-back message arrived
     consumer_connects: int  # the harness consumer's connections during the run
     consumer_connected: float | None  # its last connection, if it had to connect again
+    # Every message that arrived from the first held-back arrival to the last, a second: the
+    # writers' go on arriving beside the backlog, as during the calibration (compare with rate).
+    rate_after: float | None = None
 
     @property
     def full_speed_s(self) -> float | None:
@@ -144,6 +147,11 @@ def timeline(
             connected = stamp - back.wall
     times = [t - back.at for t in checker.arrival_times(back.held_back) if t >= back.at]
     again = consumer_connects[-1] - back.at if len(consumer_connects) > 1 else None
+    rate_after = None
+    if len(times) > 1 and max(times) > min(times):
+        first, last = back.at + min(times), back.at + max(times)
+        every = checker.arrival_times(checker.committed_ids())
+        rate_after = (sum(1 for t in every if first <= t <= last) - 1) / (last - first)
     return Timeline(
         backlog=back.backlog,
         rate=rate,
@@ -153,6 +161,7 @@ def timeline(
         drained=max(times) if times else None,
         consumer_connects=len(consumer_connects),
         consumer_connected=again,
+        rate_after=rate_after,
     )
 
 
@@ -165,7 +174,10 @@ def note(fault: str, t: Timeline) -> str:
     speed = "-" if t.rate is None else f"{t.rate:,.0f} msg/s"
     full = "-" if t.full_speed_s is None else f"{t.full_speed_s:.1f} s"
     took = None if t.first_arrival is None or t.drained is None else t.drained - t.first_arrival
-    drained = f" ({t.backlog / took:,.0f} msg/s)" if took and t.backlog > 1 else ""
+    drained = f" ({t.backlog / took:,.0f} msg/s" if took and t.backlog > 1 else ""
+    if drained and t.rate_after is not None:
+        drained += f"; {t.rate_after:,.0f} msg/s with the writers' messages"
+    drained += ")" if drained else ""
     return (
         f"{fault}: at the fault's end {t.backlog:,} messages waited; relay reconnected "
         f"{_s(t.relay_connected)} ({t.lost_after} failed attempts after it), first arrival "
