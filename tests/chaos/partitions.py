@@ -28,7 +28,7 @@ from sqlalchemy import Engine, create_engine, text
 
 import outbox
 from tests.chaos.checker import DeliveryChecker, Report
-from tests.chaos.run import PG_URL, RELAY_FLAGS, ROOT, Keys, Relay, Row, Writers
+from tests.chaos.run import PG_URL, RELAY_FLAGS, ROOT, Keys, Relay, Row, Writers, running
 from tests.support.proxy import TcpProxy
 from tests.support.vhosts import own_vhost
 
@@ -228,7 +228,7 @@ def _inject(
         rng.sample(range(faults.consumer_kills), faults.relay_kills + faults.broker_cuts)
     )
     cut_at, relay_at = set(picks[: faults.broker_cuts]), set(picks[faults.broker_cuts :])
-    _running(relay)  # a fault on a relay still starting would hit nothing
+    running(relay)  # a fault on a relay still starting would hit nothing
     for n in range(faults.consumer_kills):
         time.sleep(rng.uniform(*faults.between))
         target: int | None = rng.randrange(len(workers.processes))
@@ -242,25 +242,14 @@ def _inject(
         assert target is not None
         workers.kill(target)
         if n in relay_at:
-            _running(relay)
+            running(relay)
             relay.kill()
             relay.start()
         if n in cut_at:
-            _running(relay)
+            running(relay)
             proxy.cut()
             time.sleep(faults.cut_for)
             proxy.restore()
-
-
-def _running(relay: Relay, timeout: float = 60.0) -> None:
-    """Wait until the relay's latest start has logged relay.started (it is connected and
-    relaying)."""
-    deadline = time.monotonic() + timeout
-    while relay.log.read_text(errors="replace").count("relay.started") < relay.starts:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the relay did not start: see {relay.log}")
-        relay.ensure_running()
-        time.sleep(0.05)
 
 
 def note(row: Row, kills: int) -> str:

@@ -514,12 +514,25 @@ def kill_mid_run(
     return fault
 
 
+def running(relay: Relay, timeout: float = 60.0) -> None:
+    """Wait until the relay's latest start has logged relay.started: it has connected to the
+    broker and the database and is relaying (a fault before that would cut nothing)."""
+    deadline = time.monotonic() + timeout
+    while relay.log.read_text(errors="replace").count("relay.started") < relay.starts:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the relay did not start: see {relay.log}")
+        relay.ensure_running()
+        time.sleep(0.05)
+
+
 def cut(proxy: str, times: int, down: float = 2.0, up: float = 1.0) -> Fault:
-    """Cut the relay's broker or database connection for `down` seconds, `times` times."""
+    """Cut the relay's broker or database connection for `down` seconds, `times` times, once
+    the relay is running."""
 
     def fault(ctx: Context) -> None:
         target = ctx.broker_proxy if proxy == "broker" else ctx.db_proxy
         assert target is not None
+        running(ctx.relay)
         for _ in range(times):
             time.sleep(up)
             target.cut()
