@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.checker import DeliveryChecker
-from tests.chaos.recovery import Return, calibration_keys, note, timeline
+from tests.chaos.recovery import Return, calibration_keys, full_speed, note, timeline
 
 COLD = [f"k{n}" for n in range(200)]
 
@@ -41,16 +41,30 @@ def test_the_steps_count_from_the_faults_end(tmp_path: Path) -> None:
         checker.committed(f"m{n}", "k0")
     back = Return(at, wall, frozenset({"m0", "m1", "m2"}), backlog=2)
     # Arrivals at chosen moments (m0 before the fault's end), as received() would record them.
-    checker._arrived_at.update({"m0": at - 1.0, "m1": at + 0.7, "m2": at + 1.2})
-    checker._arrived.update({"m0", "m1", "m2"})
+    checker.committed("w0", "k1")  # a writer's, committed after the fault's end
+    checker._arrived_at.update({"m0": at - 1.0, "m1": at + 0.7, "w0": at + 1.0, "m2": at + 1.2})
+    checker._arrived.update({"m0", "m1", "w0", "m2"})
     t = timeline(back, checker, 4.0, log, [at - 40, at + 0.9])
     assert t.relay_connected is not None
     assert abs(t.relay_connected - 0.5) < 0.002
     assert t.lost_after == 1
     assert (t.first_arrival, t.drained) == pytest.approx((0.7, 1.2))
     assert t.full_speed_s == 0.5
+    assert t.rate_after == pytest.approx(4.0)  # every arrival, the writer's too
     assert t.consumer_connects == 2
     assert t.consumer_connected == pytest.approx(0.9)
     line = note("broker cut", t)
     assert "2 messages waited; relay reconnected +0.50 s (1 failed attempts after it)" in line
-    assert "last +1.20 s (4 msg/s); full speed 4 msg/s (drain 0.5 s)" in line
+    assert "last +1.20 s (4 msg/s; 4 msg/s with the writers' messages); full speed 4 msg/s" in line
+    assert "(drain 0.5 s)" in line
+
+
+def test_the_full_speed_counts_every_message_that_arrived_during_the_calibration() -> None:
+    checker = DeliveryChecker()
+    for name in ("c0", "c1", "w0", "w1", "w2", "w3"):
+        checker.committed(name, "k0" if name.startswith("c") else "k1")
+    arrivals = {"c0": 10.0, "w0": 10.5, "w1": 11.0, "w2": 11.5, "c1": 12.0, "w3": 13.0}
+    checker._arrived_at.update(arrivals)
+    checker._arrived.update(arrivals)
+    # Five arrivals from the calibration's first to its last (w3 came after): 4 in 2 s.
+    assert full_speed(checker, {"c0", "c1"}, timeout=1.0) == pytest.approx(2.0)
