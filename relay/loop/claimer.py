@@ -293,7 +293,7 @@ class Claimer:
                 lambda lease, piece, key: self._publish(lease, piece, now, chain=key),
             )
             sending = window.ceiling - left
-        room = window.size - sending
+        room = window.size - sending  # each hand-over below takes its rows from it
         if room > 0:
             chunk = max(1, min(CHUNK_MAX, window.size // 4))
             for lease in list(leases.values()):
@@ -307,7 +307,7 @@ class Claimer:
                     room -= n
                 if room <= 0:
                     break
-            window.in_flight(leases.sending)
+            window.in_flight(window.size - room)
         if room <= 0 and leases.unsent:
             window.held_back()  # rows to send side by side wait for the window
 

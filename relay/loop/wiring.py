@@ -38,12 +38,11 @@ def wire_relay(
     guard = ResourceGuard(
         store, config, clock=clock, wall=wall, rng=rng, on_transition=observer.circuit_changed
     )
-    if telemetry is not None and telemetry.meter_provider is not None:
-        # Gauges cost queries: only when something reads them.
-        observer.watch(store, guard.states, tables)
     relay = Relay(
         store, publisher, config, guard=guard, observer=observer, clock=clock, wall=wall, rng=rng
     )
     if telemetry is not None and telemetry.meter_provider is not None:
+        # Gauges cost queries: only when something reads them.
+        observer.watch(store, guard.states, tables)
         observer.watch_window(lambda: relay.claimer.window.size)
     return relay

@@ -65,8 +65,9 @@ class RelayConfig:
     batch_size: int = kept(500, positive_int)  # rows per claim
     # Published, unconfirmed messages; bounds memory and redelivery.
     max_in_flight: int = kept(5000, positive_int)
-    # Messages handed to the publisher and not yet marked (or settled otherwise), at most: what a
-    # killed relay can leave sent and unmarked, for the next to publish again; the rest of a claim
+    # Messages handed to the publisher and not yet marked (or settled otherwise), at most: the
+    # ceiling of the window that sizes itself below it (relay/core/window.py), and so of what a
+    # killed relay can leave sent and unmarked for the next to publish again; the rest of a claim
     # waits in memory.
     max_unconfirmed: int = kept(2048, positive_int)
     # Longest wait between claims when idle (a notification ends it).
