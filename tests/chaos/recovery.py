@@ -4,14 +4,17 @@ to drain at the full speed of this very run.
 
 The full speed is measured, not assumed: before the writers' traffic meets any fault, a
 calibration backlog committed ahead of the relay's start drains while the writers already write
-(the same relay, consumer and load as after a fault), and the rate at which messages arrive
-while it drains (its own and the writers', which share the relay with it) is the pipeline's full
-speed. The calibration has the shape of what a fault holds back: the run's keys, hot and cold in
-the run's proportions, since a keyed backlog drains as chains (one message per confirm for each
-key) and not at an unkeyed backlog's rate. A fault's backlog of B messages
-then takes B / rate at full speed: the relay takes the oldest rows first, so what is committed
-during the drain waits behind it. Recovery beyond that drain is what the fault itself cost (a
-reconnect, a lease taken back).
+(the same relay, consumer and load as after a fault). The calibration has the shape of what a
+fault holds back: the run's keys, hot and cold in the run's proportions, since a keyed backlog
+drains as chains (one message per confirm for each key) and not at an unkeyed backlog's rate.
+The rate at which the calibration's own messages arrive is the full speed of such a backlog, and
+a fault's backlog of B messages takes B / rate at full speed.
+
+That rate is lower than what the relay delivers in all meanwhile (`Speed.delivered`): a key's
+chain that has caught up goes on with the messages the writers commit on it, beside the keys
+still behind, so a backlog shares the relay with the writers' traffic after a fault just as the
+calibration did. Dividing the backlog by everything the relay delivers would leave that share
+out. Recovery beyond the drain is what the fault itself cost (a reconnect, a lease taken back).
 """
 
 from __future__ import annotations
@@ -63,11 +66,17 @@ def write_calibration(
     return ids
 
 
-def full_speed(checker: DeliveryChecker, ids: set[str], timeout: float) -> float | None:
-    """Wait until every calibration message arrived; the rate at which messages arrived while
-    they drained (messages a second, first calibration arrival to last), or None if they did not
-    all arrive within `timeout`. Every message counts, the writers' too: they share the relay with
-    the calibration backlog, as they share it with a fault's."""
+@dataclass(frozen=True)
+class Speed:
+    """The calibration's rates, in messages a second, from its first arrival to its last."""
+
+    backlog: float  # its own messages: a backlog of the run's shape, at full speed
+    delivered: float  # every message that arrived meanwhile, the writers' too
+
+
+def full_speed(checker: DeliveryChecker, ids: set[str], timeout: float) -> Speed | None:
+    """Wait until every calibration message arrived; the rates at which they, and all messages,
+    arrived while they drained, or None if they did not all arrive within `timeout`."""
     deadline = time.monotonic() + timeout
     while not checker.all_received(ids):
         if time.monotonic() > deadline:
@@ -79,7 +88,7 @@ def full_speed(checker: DeliveryChecker, ids: set[str], timeout: float) -> float
         return None
     every = checker.arrival_times(checker.committed_ids())
     arrived = sum(1 for t in every if first <= t <= last)
-    return (arrived - 1) / (last - first)
+    return Speed((len(times) - 1) / (last - first), (arrived - 1) / (last - first))
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,7 @@ class Timeline:
     `rabbitmqctl await_startup` returns."""
 
     backlog: int
-    rate: float | None  # full speed, messages a second
+    speed: Speed | None  # the calibration's (None: not calibrated)
     relay_connected: float | None  # the relay's last broker.connected, if it ever lost one
     lost_after: int  # broker.lost lines after the return (failed reconnects)
     first_arrival: float | None  # of a held-back message, after the return
@@ -119,13 +128,20 @@ class Timeline:
     @property
     def full_speed_s(self) -> float | None:
         """The backlog's drain time at full speed."""
-        return None if self.rate is None else self.backlog / self.rate
+        speed = self.speed
+        return None if speed is None or speed.backlog <= 0 else self.backlog / speed.backlog
+
+    @property
+    def beyond_s(self) -> float | None:
+        """Recovery (the last held-back arrival) beyond the backlog's drain at full speed."""
+        full = self.full_speed_s
+        return None if full is None or self.drained is None else self.drained - full
 
 
 def timeline(
     back: Return,
     checker: DeliveryChecker,
-    rate: float | None,
+    speed: Speed | None,
     relay_log: Path,
     consumer_connects: list[float],
 ) -> Timeline:
@@ -154,7 +170,7 @@ def timeline(
         rate_after = (sum(1 for t in every if first <= t <= last) - 1) / (last - first)
     return Timeline(
         backlog=back.backlog,
-        rate=rate,
+        speed=speed,
         relay_connected=connected,
         lost_after=lost,
         first_arrival=min(times) if times else None,
@@ -171,7 +187,10 @@ def _s(value: float | None) -> str:
 
 def note(fault: str, t: Timeline) -> str:
     """The recovery's steps, for the notes under the table."""
-    speed = "-" if t.rate is None else f"{t.rate:,.0f} msg/s"
+    speed = "-"
+    if t.speed is not None:
+        speed = (f"{t.speed.backlog:,.0f} msg/s for a backlog of this shape "
+                 f"({t.speed.delivered:,.0f} msg/s delivered in all)")  # fmt: skip
     full = "-" if t.full_speed_s is None else f"{t.full_speed_s:.1f} s"
     took = None if t.first_arrival is None or t.drained is None else t.drained - t.first_arrival
     drained = f" ({t.backlog / took:,.0f} msg/s" if took and t.backlog > 1 else ""

@@ -401,7 +401,7 @@ def run(
         relay.start()
         writers.start()
         backlog.start()
-        speed: float | None = None  # messages a second, at full speed
+        speed: recovery.Speed | None = None  # the calibration's
         try:
             if calibration:
                 speed = recovery.full_speed(checker, calibration, settle_timeout)
@@ -643,21 +643,24 @@ def hot_note(row: Row) -> str | None:
     )
 
 
-def _full_speed(row: Row) -> str:
-    """The fault's backlog's drain time at the run's full speed, or - (not calibrated)."""
+def _full_speed(row: Row) -> tuple[str, str]:
+    """The fault's backlog's drain time at the run's full speed, and the recovery beyond it, or
+    - (not calibrated)."""
     full = row.timeline.full_speed_s if row.timeline is not None else None
-    return "-" if full is None else f"{full:.1f} s"
+    if full is None:
+        return "-", "-"
+    return f"{full:.1f} s", f"{row.recovery_s - full:+.1f} s"
 
 
 def table(rows: list[Row]) -> str:
     header = ["fault", "messages", "lost", "unexpected", "duplicated", "out of order",
               "innocent dead", "conn lost", "poison dead", "recovery",
-              "full-speed drain"]  # fmt: skip
+              "full-speed drain", "beyond it"]  # fmt: skip
     body = [
         [r.fault, f"{r.report.committed:,}", str(r.report.lost), str(r.report.unexpected),
          str(r.report.duplicated), str(r.report.out_of_order), str(r.innocent_dead),
          str(r.connections_lost), f"{r.poison_dead}/{r.poisoned}" if r.poisoned else "-",
-         f"{r.recovery_s:.1f} s", _full_speed(r)]
+         f"{r.recovery_s:.1f} s", *_full_speed(r)]
         for r in rows
     ]  # fmt: skip
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]

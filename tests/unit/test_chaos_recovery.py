@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.checker import DeliveryChecker
-from tests.chaos.recovery import Return, calibration_keys, full_speed, note, timeline
+from tests.chaos.recovery import Return, Speed, calibration_keys, full_speed, note, timeline
 
 COLD = [f"k{n}" for n in range(200)]
 
@@ -44,27 +44,38 @@ def test_the_steps_count_from_the_faults_end(tmp_path: Path) -> None:
     checker.committed("w0", "k1")  # a writer's, committed after the fault's end
     checker._arrived_at.update({"m0": at - 1.0, "m1": at + 0.7, "w0": at + 1.0, "m2": at + 1.2})
     checker._arrived.update({"m0", "m1", "w0", "m2"})
-    t = timeline(back, checker, 4.0, log, [at - 40, at + 0.9])
+    t = timeline(back, checker, Speed(4.0, 6.0), log, [at - 40, at + 0.9])
     assert t.relay_connected is not None
     assert abs(t.relay_connected - 0.5) < 0.002
     assert t.lost_after == 1
     assert (t.first_arrival, t.drained) == pytest.approx((0.7, 1.2))
-    assert t.full_speed_s == 0.5
+    assert t.full_speed_s == 0.5  # the backlog at its own shape's speed, not at 6 msg/s
+    assert t.beyond_s == pytest.approx(0.7)
     assert t.rate_after == pytest.approx(4.0)  # every arrival, the writer's too
     assert t.consumer_connects == 2
     assert t.consumer_connected == pytest.approx(0.9)
     line = note("broker cut", t)
     assert "2 messages waited; relay reconnected +0.50 s (1 failed attempts after it)" in line
-    assert "last +1.20 s (4 msg/s; 4 msg/s with the writers' messages); full speed 4 msg/s" in line
+    assert "last +1.20 s (4 msg/s; 4 msg/s with the writers' messages)" in line
+    assert "full speed 4 msg/s for a backlog of this shape (6 msg/s delivered in all)" in line
     assert "(drain 0.5 s)" in line
 
 
-def test_the_full_speed_counts_every_message_that_arrived_during_the_calibration() -> None:
+def test_the_full_speed_is_the_calibrations_own_and_every_message_beside_it() -> None:
     checker = DeliveryChecker()
     for name in ("c0", "c1", "w0", "w1", "w2", "w3"):
         checker.committed(name, "k0" if name.startswith("c") else "k1")
     arrivals = {"c0": 10.0, "w0": 10.5, "w1": 11.0, "w2": 11.5, "c1": 12.0, "w3": 13.0}
     checker._arrived_at.update(arrivals)
     checker._arrived.update(arrivals)
-    # Five arrivals from the calibration's first to its last (w3 came after): 4 in 2 s.
-    assert full_speed(checker, {"c0", "c1"}, timeout=1.0) == pytest.approx(2.0)
+    # Its own two in 2 s: one after the first, 0.5 a second. Five arrivals in all from its first to
+    # its last (w3 came after): 4 in 2 s.
+    assert full_speed(checker, {"c0", "c1"}, timeout=1.0) == Speed(
+        pytest.approx(0.5), pytest.approx(2.0)
+    )
+
+
+def test_a_calibration_that_never_drains_has_no_speed() -> None:
+    checker = DeliveryChecker()
+    checker.committed("c0", "k0")
+    assert full_speed(checker, {"c0"}, timeout=0.05) is None
