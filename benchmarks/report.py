@@ -18,7 +18,6 @@ from benchmarks.results import BASES, NOT_RATES, Results, fmt_rate, median, spre
 from benchmarks.targets import WINDOWS, Figures, target_lines, window_line
 
 SIGNED_TARGET = 0.95  # signing may cost at most 5% of the drain rate
-HOT_TARGET, HOT_GOAL = 0.2, 0.5  # one key's drain rate over the unkeyed drain's: required, wanted
 NOISE = 0.2  # cores used by other processes during a phase above which its figure is suspect
 
 
@@ -133,12 +132,15 @@ def _comparisons(results: Results) -> list[str]:
             )
     one, unkeyed = results.get("hot-1"), results.get("hot-unkeyed")
     if one and unkeyed and one.rates and unkeyed.rates:
-        hot = one.rate / unkeyed.rate
-        out.append(
-            f"target one hot key >= {HOT_TARGET:.1f}x the unkeyed drain: "
-            f"{'met' if hot >= HOT_TARGET else 'NOT met'} ({hot:.2f}x; goal {HOT_GOAL:.1f}x "
-            f"{'met' if hot >= HOT_GOAL else 'not met'})"
-        )
+        # Not a target: strict per-key order makes one confirm at a time a key's bound, and the
+        # targets (targets.py) judge the relay against that bound, not against the unkeyed drain.
+        serial = results.get("hot-serial")
+        bound = ""
+        if serial and serial.rates:
+            bound = (
+                f"; its bound, raw pika one confirm at a time, {serial.rate / unkeyed.rate:.2f}x"
+            )
+        out.append(f"one hot key: {one.rate / unkeyed.rate:.2f}x the unkeyed drain{bound}")
     return out
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import profiles
+from benchmarks.report import _comparisons
+from benchmarks.results import Results, add
 from benchmarks.targets import Figures, target_lines, window_line, window_need
 
 RATES = {32: 2000.0, 64: 3500.0, 128: 6000.0, 256: 9100.0, 512: 9800.0, 1024: 9900.0, 2048: 10000.0}
@@ -117,3 +119,13 @@ def test_profile_time_is_grouped_by_where_the_code_lives(
     file_name: str, function: str, group: str
 ) -> None:
     assert profiles.where(file_name, function) == group
+
+
+def test_one_hot_key_against_the_unkeyed_drain_is_a_figure_not_a_target() -> None:
+    results: Results = {}
+    for key, rate in (("hot-1", 1000.0), ("hot-unkeyed", 6000.0), ("hot-serial", 1200.0)):
+        add(results, key, rate)
+    lines = _comparisons(results)
+    assert lines == ["one hot key: 0.17x the unkeyed drain; its bound, raw pika one confirm at a "
+                     "time, 0.20x"]  # fmt: skip
+    assert not [line for line in lines if line.startswith("target")]
