@@ -135,12 +135,12 @@ def _comparisons(results: Results) -> list[str]:
         # Not a target: strict per-key order makes one confirm at a time a key's bound, and the
         # targets (targets.py) judge the relay against that bound, not against the unkeyed drain.
         serial = results.get("hot-serial")
-        bound = ""
+        serial_bound = ""
         if serial and serial.rates:
-            bound = (
+            serial_bound = (
                 f"; its bound, raw pika one confirm at a time, {serial.rate / unkeyed.rate:.2f}x"
             )
-        out.append(f"one hot key: {one.rate / unkeyed.rate:.2f}x the unkeyed drain{bound}")
+        out.append(f"one hot key: {one.rate / unkeyed.rate:.2f}x the unkeyed drain{serial_bound}")
     return out
 
 
