@@ -131,12 +131,6 @@ class Timeline:
         speed = self.speed
         return None if speed is None or speed.backlog <= 0 else self.backlog / speed.backlog
 
-    @property
-    def beyond_s(self) -> float | None:
-        """Recovery (the last held-back arrival) beyond the backlog's drain at full speed."""
-        full = self.full_speed_s
-        return None if full is None or self.drained is None else self.drained - full
-
 
 def timeline(
     back: Return,

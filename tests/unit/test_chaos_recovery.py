@@ -9,8 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.checker import DeliveryChecker
-from tests.chaos.recovery import Return, Speed, calibration_keys, full_speed, note, timeline
+from tests.chaos.checker import DeliveryChecker, Report
+from tests.chaos.recovery import (
+    Return,
+    Speed,
+    Timeline,
+    calibration_keys,
+    full_speed,
+    note,
+    timeline,
+)
+from tests.chaos.run import Row, table
 
 COLD = [f"k{n}" for n in range(200)]
 
@@ -50,7 +59,6 @@ def test_the_steps_count_from_the_faults_end(tmp_path: Path) -> None:
     assert t.lost_after == 1
     assert (t.first_arrival, t.drained) == pytest.approx((0.7, 1.2))
     assert t.full_speed_s == 0.5  # the backlog at its own shape's speed, not at 6 msg/s
-    assert t.beyond_s == pytest.approx(0.7)
     assert t.rate_after == pytest.approx(4.0)  # every arrival, the writer's too
     assert t.consumer_connects == 2
     assert t.consumer_connected == pytest.approx(0.9)
@@ -79,3 +87,18 @@ def test_a_calibration_that_never_drains_has_no_speed() -> None:
     checker = DeliveryChecker()
     checker.committed("c0", "k0")
     assert full_speed(checker, {"c0"}, timeout=0.05) is None
+
+
+def test_the_table_gives_the_drain_and_the_recovery_beyond_it() -> None:
+    def row(fault: str, speed: Speed | None) -> Row:
+        t = Timeline(
+            backlog=3000, speed=speed, relay_connected=0.2, lost_after=0, first_arrival=0.3,
+            drained=4.4, consumer_connects=1, consumer_connected=None,
+        )  # fmt: skip
+        return Row(fault, Report(10, 10, 0, 0, 0, 0), 4.5, timeline=t)
+
+    lines = table([row("broker cut", Speed(1000.0, 2000.0)), row("no calibration", None)])
+    assert lines.splitlines()[0].split("  ")[-2:] == ["full-speed drain", "beyond it"]
+    cut, bare = lines.splitlines()[2:]
+    assert cut.split()[-4:] == ["3.0", "s", "+1.5", "s"]  # 3,000 at 1,000 msg/s; 4.5 s in all
+    assert bare.split()[-2:] == ["-", "-"]
