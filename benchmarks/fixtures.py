@@ -152,6 +152,13 @@ class BenchDatabase:
             with contextlib.suppress(Exception):
                 conn.exec_driver_sql("CHECKPOINT")
 
+    def empty(self) -> None:
+        """No row in the table, and none left dead: a phase that starts from an empty outbox
+        measures the relay, not the dead rows earlier phases left (autovacuum may be off)."""
+        assert self.engine is not None
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql("TRUNCATE outbox_message")
+
     def remaining(self) -> bool:
         """True while any row is pending or in flight (two partial-index probes: cheap)."""
         assert self.engine is not None

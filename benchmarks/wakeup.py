@@ -47,8 +47,7 @@ def measure_wakeup(
 ) -> list[Latency]:
     """Idle: `idle_messages` single commits 0.2-1.0 s apart. Steady: 100 msg/s for 5 s."""
     assert db.engine is not None
-    with db.engine.begin() as conn:
-        conn.execute(message.delete())
+    db.empty()
     config = RelayConfig(db_url=db.url, amqp_url=amqp_url, relay_id="bench-wakeup", listen=False)
     store = open_store(config.db_url)
     publisher = Publisher(config.amqp_url, confirm_timeout=config.confirm_timeout, name="wakeup")
@@ -80,8 +79,7 @@ def measure_wakeup(
             commit_one()
             time.sleep(rng.uniform(0.2, 1.0))
         idle = _percentiles("one message into an idle relay", latencies())
-        with db.engine.begin() as conn:
-            conn.execute(message.delete())
+        db.empty()
         next_at = time.monotonic()
         for _ in range(500):
             next_at += 0.01
