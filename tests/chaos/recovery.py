@@ -86,9 +86,13 @@ def full_speed(checker: DeliveryChecker, ids: set[str], timeout: float) -> Speed
     first, last = min(times), max(times)
     if last <= first:
         return None
+    return Speed((len(times) - 1) / (last - first), _delivered(checker, first, last))
+
+
+def _delivered(checker: DeliveryChecker, first: float, last: float) -> float:
+    """Every message that arrived from `first` to `last` (monotonic clock), a second."""
     every = checker.arrival_times(checker.committed_ids())
-    arrived = sum(1 for t in every if first <= t <= last)
-    return Speed((len(times) - 1) / (last - first), (arrived - 1) / (last - first))
+    return (sum(1 for t in every if first <= t <= last) - 1) / (last - first)
 
 
 @dataclass(frozen=True)
@@ -128,8 +132,7 @@ class Timeline:
     @property
     def full_speed_s(self) -> float | None:
         """The backlog's drain time at full speed."""
-        speed = self.speed
-        return None if speed is None or speed.backlog <= 0 else self.backlog / speed.backlog
+        return None if self.speed is None else self.backlog / self.speed.backlog
 
 
 def timeline(
@@ -159,9 +162,7 @@ def timeline(
     again = consumer_connects[-1] - back.at if len(consumer_connects) > 1 else None
     rate_after = None
     if len(times) > 1 and max(times) > min(times):
-        first, last = back.at + min(times), back.at + max(times)
-        every = checker.arrival_times(checker.committed_ids())
-        rate_after = (sum(1 for t in every if first <= t <= last) - 1) / (last - first)
+        rate_after = _delivered(checker, back.at + min(times), back.at + max(times))
     return Timeline(
         backlog=back.backlog,
         speed=speed,
