@@ -25,6 +25,7 @@ from relay.cli import (
     retention,
     run,
     schema,
+    sql,
     topology,
 )
 from relay.cli.options import Handler, accept_global_options_after, add_global_options, configure
@@ -53,6 +54,7 @@ _COMMANDS: dict[str, Handler] = {
     **grants.COMMANDS,
     **demo.COMMANDS,
     **topology.COMMANDS,
+    **sql.COMMANDS,
 }
 
 
@@ -90,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_parser(sub)
     grants.add_parser(sub)
     topology.add_parser(sub)
+    sql.add_parser(sub)
     demo.add_parsers(sub)
     accept_global_options_after(sub)
     return parser

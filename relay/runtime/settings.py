@@ -211,7 +211,7 @@ SETTINGS: tuple[Setting, ...] = (
             show=_age_text, metavar="DURATION"),
     Setting("--dead-key", "OUTBOX_DEAD_KEY", "dead_key", DEAD_KEY,
             "when a keyed message is dead-lettered, hold the rest of its key until an operator "
-            "replays or discards it, or skip past it"),
+            "replays or discards it, or skip past it", commands=RUN | {"sql"}),
     Setting("--circuit-threshold", "OUTBOX_CIRCUIT_THRESHOLD", "circuit.threshold", positive_int,
             "consecutive failures of one resource that open its circuit", metavar="N"),
     Setting("--circuit-cooldown", "OUTBOX_CIRCUIT_COOLDOWN", "circuit.cooldown",
@@ -221,7 +221,8 @@ SETTINGS: tuple[Setting, ...] = (
             positive_duration, "longest open period", show=format_duration, metavar="DURATION"),
     Setting("--circuit-scope", "OUTBOX_CIRCUIT_SCOPE", "circuit_scope", CIRCUIT_SCOPE,
             "what fails together and shares a circuit: the broker (and vhost), each exchange, "
-            "or each exchange and routing key; the same on every relay"),
+            "or each exchange and routing key; the same on every relay",
+            commands=RUN | {"sql"}),
     Setting("--rate-limit", "OUTBOX_RATE_LIMITS", "rate_limits", rate_limits,
             "messages per second for one resource (its exchange at the default scope), shared "
             "by every relay; repeatable, or comma-separated", show=_mapping_text,

@@ -24,26 +24,22 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
-    Uuid,
-    bindparam,
     func,
     insert,
     literal_column,
     select,
-    text,
     update,
 )
 from sqlalchemy.exc import DBAPIError
 
 from outbox.dberrors import sqlstate_of
 from outbox.migrate import upgrade
-from outbox.schema import MYSQL, attempt, message
+from outbox.schema import attempt, message
 from outbox.states import State
 from relay.core.retention import FAILED_STATES
 from relay.errors import MigrationDenied
-from relay.store import counting, mysql, postgres, sqlite
+from relay.store import counting
 from relay.store.databases import dialect_for
-from relay.store.dialect import TIME
 from relay.store.retention import cutoff_id
 
 
@@ -485,15 +481,6 @@ def per_exchange(engine: Engine, now: dt.datetime) -> list[dict[str, Any]]:
         return counting.exchange_counts(dialect_for(engine.dialect.name), conn, now)
 
 
-# The per-minute statements of each database (its dialect module), bound as typed here.
-_PER_MINUTE = {
-    postgres.Postgres.name: (postgres.PUBLISHED_PER_MINUTE, postgres.FAILED_PER_MINUTE),
-    sqlite.Sqlite.name: (sqlite.PUBLISHED_PER_MINUTE, sqlite.FAILED_PER_MINUTE),
-    mysql.Mysql.name: (mysql.PUBLISHED_PER_MINUTE, mysql.FAILED_PER_MINUTE),
-    mysql.Mariadb.name: (mysql.PUBLISHED_PER_MINUTE, mysql.FAILED_PER_MINUTE),
-}
-
-
 def activity(
     engine: Engine, *, since: dt.datetime, enqueued_since: dt.datetime
 ) -> dict[dt.datetime, dict[str, int]]:
@@ -501,20 +488,15 @@ def activity(
     messages enqueued since `enqueued_since` (the bound that keeps the scan to recent rows), and
     the relays' failed attempts by outcome (`retry`, `deferred`, `dead`). Minutes with nothing
     are absent."""
-    texts = _PER_MINUTE.get(engine.dialect.name)
-    if texts is None:
-        return {}
-    published_sql, failed_sql = texts
-    binds = (bindparam("since", type_=TIME), bindparam("id_floor", type_=Uuid()))
-    published = text(published_sql).bindparams(*binds)
-    failed = text(failed_sql).bindparams(binds[0])
+    sql = dialect_for(engine.dialect.name).sql
     since = since.astimezone(dt.UTC)
     floor = cutoff_id(enqueued_since)
     out: dict[dt.datetime, dict[str, int]] = {}
     with engine.connect() as conn:
-        for minute, n in conn.execute(published, {"since": since, "id_floor": floor}):
+        published = {"since": since, "id_floor": floor}
+        for minute, n in conn.execute(sql.published_per_minute, published):
             out.setdefault(_minute(minute), {})["published"] = int(n)
-        for minute, outcome, n in conn.execute(failed, {"since": since}):
+        for minute, outcome, n in conn.execute(sql.failed_per_minute, {"since": since}):
             counts = out.setdefault(_minute(minute), {})
             counts[str(outcome)] = counts.get(str(outcome), 0) + int(n)
     return out
@@ -528,52 +510,20 @@ def _minute(value: Any) -> dt.datetime:
     return moment.astimezone(dt.UTC)
 
 
-# SQLSTATEs of a role that may not do what a migration asks (never told apart by message text).
-_INSUFFICIENT_PRIVILEGE = "42501"
-_NO_SCHEMA = "3F000"  # nothing on the search_path exists, or the role may not use it
+# SQLSTATEs of a role that may not do what a migration asks (never told apart by message text):
+# insufficient privilege, and no schema on the search_path that exists or that it may use.
+_DENIED = ("42501", "3F000")
 
 
 def migrate(engine: Engine) -> int:
     """Create or upgrade the outbox schema; return its version. A role that lacks a privilege
-    gets a MigrationDenied naming it (and the GRANT that gives it), not the driver's
-    error."""
+    gets a MigrationDenied naming it (and the GRANT that gives it), not the driver's error
+    (Dialect.migration_denied)."""
     try:
         return upgrade(engine)
     except DBAPIError as exc:
         sqlstate = sqlstate_of(exc.orig)
-        if sqlstate not in (_INSUFFICIENT_PRIVILEGE, _NO_SCHEMA):
+        if sqlstate not in _DENIED:
             raise
-        if engine.dialect.name in MYSQL:  # the server's message names the privilege and user
-            said = exc.orig.args[-1] if exc.orig is not None and exc.orig.args else exc
-            first = str(said).splitlines()[0]
-            raise MigrationDenied(
-                f"{first}: migrate needs CREATE, ALTER, INDEX and DROP on the database "
-                "(GRANT ... ON db.* TO ...), or run it as the tables' owner"
-            ) from exc
-        raise MigrationDenied(_missing_privilege(engine, exc, sqlstate)) from exc
-
-
-def _missing_privilege(engine: Engine, exc: DBAPIError, sqlstate: str) -> str:
-    try:
-        with engine.connect() as conn:
-            role, schema, database = conn.exec_driver_sql(
-                "SELECT current_user, current_schema(), current_database()"
-            ).one()
-    except DBAPIError:
-        role, schema, database = "this role", None, "this database"
-    if sqlstate == _NO_SCHEMA or schema is None:
-        return (
-            f"role {role} has no schema to create the outbox tables in: no schema on its "
-            f"search_path exists or grants it USAGE (GRANT USAGE, CREATE ON SCHEMA ... TO {role})"
-        )
-    verb = (exc.statement or "").lstrip().split(" ", 1)[0].upper()
-    if verb in ("CREATE", ""):
-        return (
-            f"role {role} lacks the CREATE privilege on schema {schema} of database {database}: "
-            f"run `GRANT CREATE ON SCHEMA {schema} TO {role}`, or migrate as the schema's owner"
-        )
-    # ALTER, and anything else a later migration does to an existing table, needs its owner.
-    return (
-        f"role {role} does not own the outbox tables in schema {schema} ({verb} needs the "
-        "owner's privileges): migrate as the role that created them"
-    )
+        why = dialect_for(engine.dialect.name).migration_denied(engine, exc, sqlstate)
+        raise MigrationDenied(why) from exc

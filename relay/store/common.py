@@ -75,12 +75,3 @@ RESOURCE_PARTS: Mapping[str, str] = {
     "exchange": "exchange",  # the default
     "routing_key": "exchange || '/' || routing_key",  # finest: each exchange + routing key
 }
-
-# common.sql's counting statements, for counting.py.
-PENDING_PARTS: tuple[str, ...] = tuple(
-    _SQL.text(part) for part in ("pending_unkeyed", "pending_keyed", "pending_parked")
-)
-COUNT_OPEN = _SQL.text("count_open")
-COUNT_SETTLED = _SQL.text("count_settled")
-EXCHANGE_OPEN = _SQL.text("exchange_open")
-EXCHANGE_SETTLED = _SQL.text("exchange_settled")

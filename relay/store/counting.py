@@ -1,12 +1,13 @@
 """Messages by state, for `status`, the state gauges and the console: what each of them reads.
 
 Pending, in-flight, dead and discarded rows are counted exactly, through the partial indexes that
-hold them (common.PENDING_PARTS, COUNT_OPEN): the backlog and the failures, never a published
-row. Published and cancelled rows have no index apart from each other and from the published
-ones, so they are counted exactly only while the table is small; beside a large one they are
-estimated from what the database keeps about the table (relay/store/estimates.py), and said to
-be (StateCounts.estimated, and `estimated` in each per-exchange entry). A database that keeps
-nothing usable (SQLite, MySQL for now: Dialect.table_stats) counts them exactly at any size.
+hold them (common.sql's pending_unkeyed and its siblings, count_open): the backlog and the
+failures, never a published row. Published and cancelled rows have no index apart from each other
+and from the published ones, so they are counted exactly only while the table is small; beside a
+large one they are estimated from what the database keeps about the table
+(relay/store/estimates.py), and said to be (StateCounts.estimated, and `estimated` in each
+per-exchange entry). A database that keeps nothing usable (SQLite, MySQL for now:
+Dialect.table_stats) counts them exactly at any size.
 """
 
 from __future__ import annotations
@@ -15,21 +16,13 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, String
+from sqlalchemy import Connection
 
 from outbox.states import State
 from relay.ports import StateCounts
-from relay.store import common, estimates
-from relay.store.dialect import TIME, Dialect, compile_sql
+from relay.store import estimates
+from relay.store.dialect import Dialect
 from relay.store.estimates import ESTIMATED, TableStats
-
-_COUNT_OPEN = compile_sql(common.COUNT_OPEN)
-_COUNT_SETTLED = compile_sql(common.COUNT_SETTLED)
-_EXCHANGE_OPEN = compile_sql(
-    common.EXCHANGE_OPEN,
-    {"exchange": String(), "state": String(), "n": BigInteger(), "oldest": TIME},
-)
-_EXCHANGE_SETTLED = compile_sql(common.EXCHANGE_SETTLED)
 
 
 def _exact(stats: TableStats | None) -> bool:
@@ -44,10 +37,10 @@ def state_counts(dialect: Dialect, conn: Connection, now: dt.datetime | None) ->
         ready, delayed, age = conn.execute(dialect.sql.pending_summary, {"now": now}).one()
         ready, delayed = int(ready or 0), int(delayed or 0)
         by_state = {State.PENDING.value: ready + delayed}
-        by_state.update(_pairs(conn.execute(_COUNT_OPEN)))
+        by_state.update(_pairs(conn.execute(dialect.sql.count_open)))
         exact = _exact(stats)
         if exact:
-            by_state.update(_pairs(conn.execute(_COUNT_SETTLED)))
+            by_state.update(_pairs(conn.execute(dialect.sql.count_settled)))
     estimated: frozenset[str] = frozenset()
     if not exact:
         assert stats is not None
@@ -66,14 +59,14 @@ def exchange_counts(dialect: Dialect, conn: Connection, now: dt.datetime) -> lis
     settled: dict[str, dict[str, int | None]] = {}
     with dialect.reading(conn):
         stats = dialect.table_stats(conn)
-        for row in conn.execute(_EXCHANGE_OPEN, {"now": now}):
+        for row in conn.execute(dialect.sql.exchange_open, {"now": now}):
             mine = counted.setdefault(row.exchange, {})
             mine[row.state] = mine.get(row.state, 0) + int(row.n)
             if row.oldest is not None:
                 due = _utc(row.oldest)
                 oldest[row.exchange] = min(due, oldest.get(row.exchange, due))
         if _exact(stats):
-            for exchange, state, n in conn.execute(_EXCHANGE_SETTLED):
+            for exchange, state, n in conn.execute(dialect.sql.exchange_settled):
                 settled.setdefault(exchange, {})[state] = int(n)
     estimated: list[str] = []
     if not _exact(stats):

@@ -1,219 +1,29 @@
-"""What SqlStore needs from a database: its statements, by name, and the few behaviours where
-databases truly differ.
+"""What SqlStore needs from a database: its statements, as typed attributes (statements.py), and
+the few behaviours where databases truly differ.
 
 postgres.py, mysql.py and sqlite.py each define a Dialect; databases.py maps a URL to one. Another
-database is a module beside them, its .sql file (relay/store/sql/, read by queries.py) and a line
-in databases.py: SqlStore does not change. A dialect's statements are data: which block of its
-file each one is (Query), built and compiled once per store configuration (Dialect.__init__).
-
-Every dialect's statements keep these conventions, so SqlStore binds the same values everywhere:
-
-- `:now` is the time to use, or NULL for the database's own clock. Production binds NULL; tests
-  bind a frozen time. Every statement that reads or stamps a time goes through it.
-- Durations are bound in seconds (`:lease_seconds`, `:delay_seconds`, `:within`) and added to
-  the time in SQL.
-- Lists (`:seqs`, `:tokens`, `:exclude`, `:states`) are bound as `bind_list` makes them; a UUID
-  in a list is its 32 hex digits. A dialect that names them in `lists` gets them as SQLAlchemy's
-  expanding parameters (`seq IN :seqs` in its text).
-- A statement that changes a leased row names `lease_token = :token AND state = 'in_flight'` in
-  its WHERE clause: a relay whose lease expired (and was taken over) changes nothing.
+database is a module beside them, its .sql file (relay/store/sql/, read by queries.py), and a line
+in databases.py; SqlStore does not change. (The library's half of a database, what `enqueue`,
+`migrate` and the inbox run, is outbox/databases.py.)
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Boolean,
-    Connection,
-    DateTime,
-    Float,
-    Integer,
-    LargeBinary,
-    String,
-    TextClause,
-    TextualSelect,
-    bindparam,
-    text,
-)
-from sqlalchemy.dialects import postgresql
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.types import TypeEngine
 
-from outbox.schema import UUID
 from relay.ports import TableHealth
 from relay.store import common
 from relay.store.estimates import TableStats
-from relay.store.queries import Queries, QueryError
-
-TIME = DateTime(timezone=True)
-
-# The type of every bind that needs one, by name: the same name means the same thing in every
-# statement of every dialect. Others (numbers, text, lists) go to the driver as they are.
-_BIND_TYPES: Mapping[str, TypeEngine[Any]] = {
-    "now": TIME,
-    "token": UUID,
-    "message_id": UUID,
-    "after_id": UUID,
-    "cutoff_id": UUID,
-    "cutoff": TIME,
-    "open_until": TIME,
-    "probe_until": TIME,
-    "changed_at": TIME,
-    "tokens_at": TIME,
-    "available_at": TIME,
-    "next_at": TIME,
-    "started_at": TIME,
-    "batch_size": Integer(),
-}
-_BIND = re.compile(r"(?<![:\w]):(\w+)")
-
-# Result columns whose driver value needs converting (SQLite returns times as text, UUIDs as hex).
-CLAIMED_COLUMNS: Mapping[str, TypeEngine[Any]] = {
-    "seq": BigInteger(),
-    "id": UUID,
-    "exchange": String(),
-    "routing_key": String(),
-    "payload": LargeBinary(),
-    "content_type": String(),
-    "headers": JSON().with_variant(postgresql.JSON(), "postgresql"),
-    "key": String(),
-    "priority": Integer(),
-    "attempts": Integer(),
-    "max_attempts": Integer(),
-    "available_at": TIME,
-    "created_at": TIME,
-    "traceparent": String(),
-    "tracestate": String(),
-    "suspect": Boolean(),  # claimed alone (common.ALONE)
-}
-RESOURCE_COLUMNS: Mapping[str, TypeEngine[Any]] = {
-    "resource": String(),
-    "state": String(),
-    "failures": Integer(),
-    "opens": Integer(),
-    "open_until": TIME,
-    "probe_owner": String(),
-    "probe_until": TIME,
-    "last_error": String(),
-    "changed_at": TIME,
-    "tokens": Float(),
-    "tokens_at": TIME,
-}
-LOCKED_RESOURCE_COLUMNS: Mapping[str, TypeEngine[Any]] = {**RESOURCE_COLUMNS, "now": TIME}
-RELAY_COLUMNS: Mapping[str, TypeEngine[Any]] = {
-    "relay_id": String(),
-    "started_at": TIME,
-    "last_seen": TIME,
-}
-
-
-# A statement ready to run: TextualSelect when its result columns are typed.
-Compiled = TextClause | TextualSelect
-
-
-def compile_sql(
-    sql: str, columns: Mapping[str, TypeEngine[Any]] | None = None, *, lists: Collection[str] = ()
-) -> Compiled:
-    """A statement ready to run many times: its binds typed by name (those named in `lists`
-    expanding), its result columns typed.
-
-    Built once per dialect, never per call: the claim and mark statements run thousands of times
-    a second, and parsing the text and typing its binds each time would show."""
-    names = set(_BIND.findall(sql))
-    clause = text(sql)
-    typed = [bindparam(n, type_=t) for n, t in _BIND_TYPES.items() if n in names]
-    typed += [bindparam(n, expanding=True) for n in lists if n in names]
-    if typed:
-        clause = clause.bindparams(*typed)
-    return clause.columns(**columns) if columns else clause
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    """One statement of a dialect, as data: the block of its .sql files it is built from, its
-    result columns' types (None: untyped), the text its placeholders take beside the store's
-    configuration (queries.py), and which of its binds expand as lists (None: the dialect's)."""
-
-    block: str
-    columns: Mapping[str, TypeEngine[Any]] | None = None
-    fill: Mapping[str, str] = field(default_factory=dict)
-    lists: Collection[str] | None = None
-
-
-def build(
-    queries: Queries,
-    statements: Mapping[str, Query],
-    config: Mapping[str, str],
-    lists: Collection[str] = (),
-) -> dict[str, Compiled]:
-    """Each of `statements` built from `queries` with this configuration, and compiled."""
-    built: dict[str, Compiled] = {}
-    configured: set[str] = set()
-    for name, query in statements.items():
-        text, taken = queries.expand(query.block, query.fill, config)
-        configured |= taken
-        built[name] = compile_sql(
-            text, query.columns, lists=lists if query.lists is None else query.lists
-        )
-    unused = sorted(set(config) - configured)
-    if unused:
-        raise QueryError(f"no statement takes the configuration's {unused}")
-    return built
-
-
-@dataclass(frozen=True, slots=True)
-class Statements:
-    """The statements run as they are (by SqlStore; count_eligible by retention.py): the same
-    names, binds and result columns in every dialect. What takes several statements on some
-    database is a Dialect method instead."""
-
-    has_ready: Compiled  # (only, now) -> one boolean
-    release: Compiled  # (token, seqs, delay_seconds, error, now); rowcount
-    extend_leases: Compiled  # (tokens, lease_seconds, now); rowcount
-    unpark_sweep: Compiled  # rowcount
-    resources: Compiled  # -> RESOURCE_COLUMNS, every row
-    ensure_resource: Compiled  # (resource)
-    lock_resource: Compiled  # (resource, now) -> LOCKED_RESOURCE_COLUMNS, under a lock
-    update_resource: Compiled  # (resource and every column)
-    heartbeat: Compiled  # (relay_id, now)
-    forget_relay: Compiled  # (relay_id)
-    relays: Compiled  # (within, now) -> RELAY_COLUMNS
-    pending_summary: Compiled  # (now) -> (ready, delayed, oldest ready age in seconds)
-    count_eligible: Compiled  # (states, cutoff, cutoff_id, after_id) -> count
-    ping: Compiled
-
-
-# SqlStore's statements (Statements' fields) in every dialect: the block of the same name, with
-# these result columns. The resource and relay rows' statements of common.sql bind no list, and one
-# name means a number there: a bucket's `:tokens` (update_resource), not extend_leases' list of
-# lease tokens.
-STATEMENTS: Mapping[str, Query] = {
-    "has_ready": Query("has_ready"),
-    "release": Query("release"),
-    "extend_leases": Query("extend_leases"),
-    "unpark_sweep": Query("unpark_sweep"),
-    "resources": Query("list_resources", RESOURCE_COLUMNS, lists=()),
-    "ensure_resource": Query("ensure_resource"),
-    "lock_resource": Query("lock_resource", LOCKED_RESOURCE_COLUMNS),
-    "update_resource": Query("update_resource", lists=()),
-    "heartbeat": Query("heartbeat"),
-    "forget_relay": Query("forget_relay", lists=()),
-    "relays": Query("relays", RELAY_COLUMNS),
-    "pending_summary": Query("pending_summary"),
-    "count_eligible": Query("count_eligible"),
-    "ping": Query("ping", lists=()),
-}
-_FIELDS = {f.name for f in fields(Statements)}
+from relay.store.queries import Queries
+from relay.store.statements import Statements, build, sql_of
 
 
 class Dialect(ABC):
@@ -249,44 +59,63 @@ class Dialect(ABC):
     # Whether the store binds the application's clock as :now: true where `enqueue` writes the
     # application's time (SQLite), so a row it has just written is already due to the store.
     app_clock: ClassVar[bool] = False
+    # How long a purge rests after each batch, as a share of the batch's own time, where other
+    # writers wait for it (SQLite's single write lock); 0 where nothing waits for a purge.
+    purge_rest_ratio: ClassVar[float] = 0.0
     # The SQL expression of a row's resource part, per scope (common.RESOURCE_PARTS' texts,
     # where the database concatenates with ||).
     resource_parts: ClassVar[Mapping[str, str]] = common.RESOURCE_PARTS
-    # Its .sql files (common.sql and its own), and its statements beyond SqlStore's (STATEMENTS,
-    # which it may also redefine), by the attribute its methods find each on.
+    # Its .sql files (common.sql and its own), and the class of its statements.
     queries: ClassVar[Queries]
-    statements: ClassVar[Mapping[str, Query]] = {}
+    statements: ClassVar[type[Statements]]
     # The binds its statements expand as lists (Query.lists overrides).
     lists: ClassVar[Collection[str]] = ()
+
+    # Built by __init__: the literal list of states that hold a key back, the values of the
+    # configuration's placeholders, and the statements (a dialect's own class of `statements`).
+    blocking: str
+    config: dict[str, str]
+    sql: Statements
 
     def __init__(self, *, hold: bool = True, scope: str = "exchange") -> None:
         if scope not in common.RESOURCE_PARTS:
             raise ValueError(f"scope must be one of {sorted(common.RESOURCE_PARTS)}, not {scope!r}")
         blocking = common.blocking_states(hold=hold)
-        self.sql = self._prepare(blocking=blocking, resource=self.resource_parts[scope])
-
-    def _prepare(self, *, blocking: str, resource: str) -> Statements:
-        """Compile this database's statements, once: those SqlStore runs (returned) and those
-        this dialect's own methods run (kept on self). `blocking` is the literal list of states
-        that hold a key back, `resource` the SQL expression of a row's resource part: the
-        configuration, {{blocking}} and {{resource}} in the .sql files."""
-        config = self.configuration(blocking=blocking, resource=resource)
-        built = build(self.queries, {**STATEMENTS, **self.statements}, config, self.lists)
-        for name, clause in built.items():
-            if name not in _FIELDS:
-                setattr(self, name, clause)
-        return Statements(**{name: built[name] for name in _FIELDS})
+        self.blocking = blocking
+        self.config = self.configuration(blocking=blocking, resource=self.resource_parts[scope])
+        self.sql = build(self.statements, self.queries, self.config, self.lists)
 
     def configuration(self, *, blocking: str, resource: str) -> dict[str, str]:
-        """What the placeholders of this store's configuration take: {{blocking}} and
-        {{resource}}, and any a dialect adds."""
+        """What the placeholders of this store's configuration take: {{blocking}}, the literal
+        list of states that hold a key back, and {{resource}}, the SQL expression of a row's
+        resource part; and any a dialect adds. Literal SQL, never another placeholder."""
         return {"blocking": blocking, "resource": resource}
+
+    def texts(self) -> dict[str, str]:
+        """Every statement this dialect runs, by name, as the database receives it: its
+        statements, and what runs on a driver connection (`outbox-relay sql`)."""
+        found = {name: sql_of(statement) for name, statement in self.sql.items()}
+        session = {
+            "begin": self.begin,
+            "listen": self.listen,
+            "statement_timeout": self.statement_timeout,
+            "relaxed_commit": self.relaxed_commit,
+            **{f"on_connect_{i + 1}": s for i, s in enumerate(self.on_connect)},
+        }
+        found.update({name: sql for name, sql in session.items() if sql is not None})
+        return found
 
     @classmethod
     @abstractmethod
     def is_transient(cls, exc: DBAPIError) -> bool:
         """Whether the error means the database is unavailable for now (retry later), as opposed
         to a statement that will fail the same way every time."""
+
+    def migration_denied(self, engine: Engine, exc: DBAPIError, sqlstate: str) -> str:
+        """What a role that `migrate` was refused a privilege lacks (`sqlstate` 42501, or 3F000:
+        no schema to create the tables in), and how to give it; one line."""
+        said = str(exc.orig if exc.orig is not None else exc).strip()
+        return said.splitlines()[0] if said else type(exc).__name__
 
     @classmethod
     def engine_options(
@@ -362,15 +191,17 @@ class Dialect(ABC):
     # Liveness (common.BEAT). The reclaims take the params of reclaim_expired, and every one of
     # them also alone, grouped and solitary.
 
-    @abstractmethod
     def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
         """Insert or take over :relay_id's heartbeat row for a new run; return its started_at.
         params: relay_id, now."""
+        started: dt.datetime = conn.execute(self.sql.register_relay, params).scalar_one()
+        return started
 
-    @abstractmethod
     def beat(self, conn: Connection, params: dict[str, Any]) -> bool:
         """Touch :relay_id's row if it still names the run :started_at; whether it did.
-        params: relay_id, started_at, now."""
+        params: relay_id, started_at, now. (MySQL counts matched rows, not changed ones:
+        SQLAlchemy connects with CLIENT_FOUND_ROWS.)"""
+        return int(conn.execute(self.sql.beat, params).rowcount) == 1
 
     @abstractmethod
     def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:

@@ -18,10 +18,11 @@ import datetime as dt
 import functools
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import takewhile
-from typing import Any
+from typing import Annotated, Any
 
-from sqlalchemy import BigInteger, Connection, Integer
+from sqlalchemy import BigInteger, Connection, Engine, Integer
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import TypeEngine
 
@@ -29,14 +30,15 @@ from outbox.dberrors import DbFailure, classify_db_error, sqlstate_of
 from outbox.schema import UUID
 from relay.core import suspects
 from relay.store import common, queries
-from relay.store.dialect import (
+from relay.store.dialect import Dialect
+from relay.store.statements import (
     CLAIMED_COLUMNS,
     TIME,
     Compiled,
-    Dialect,
     Query,
     Statements,
     compile_sql,
+    sql_of,
 )
 
 SQL = queries.load("common", "mysql")
@@ -62,51 +64,56 @@ RECLAIMABLE_COLUMNS: Mapping[str, TypeEngine[Any]] = {
 }
 
 
+# What settling reads of the rows a lease still holds.
+HELD_COLUMNS: Mapping[str, TypeEngine[Any]] = {
+    "seq": BigInteger(),
+    "id": UUID,
+    "attempts": Integer(),
+}
+
+
 def _reclaimable(rows: str) -> Query:
     """mysql.sql's reclaimable, locking `rows`."""
     return Query("reclaimable", RECLAIMABLE_COLUMNS, fill={"where": rows})
 
 
-# The statements Mysql's own methods run (beside SqlStore's, dialect.STATEMENTS), by attribute;
-# {{row}} is the alias the head check looks at. The runs' followers are built per number of
-# heads (Mysql._followers_of).
-STATEMENTS: Mapping[str, Query] = {
-    "_candidates": Query("candidates"),
-    "_heads": Query("heads", fill={"row": "m"}),
-    "_park": Query("park"),
-    "_trailed": Query("trailed"),
-    "_lock_followers": Query("lock_followers"),
-    "_claim": Query("claim"),
-    "_claimed": Query("claimed", CLAIMED_COLUMNS),
-    "_run_key": Query("run_key"),
-    "_run_other": Query("run_other"),
-    "_keys_of": Query("keys_of"),
-    "_mark": Query("mark_published"),
-    "_unpark_next": Query("unpark_next", fill={"row": "n"}),
-    "unpark_sweep": Query("unpark_sweep", fill={"row": "f"}),
-    "_held": Query("held", {"seq": BigInteger(), "id": UUID, "attempts": Integer()}),
-    "_settle_one": Query("settle_one"),
-    "_record_attempt": Query("record_attempt"),
-    "_reclaimable": _reclaimable("{{reclaim_expired}}"),
-    "_abandonable": _reclaimable("{{abandoned}}"),
-    "_owned": _reclaimable("{{reclaim_owner}}"),
-    "_of_dead": _reclaimable("{{reclaim_dead}}"),
-    "_reclaim": Query("reclaim"),
-    "_dead_relays": Query("dead_relays"),
-    "_forget_relays": Query("forget_relays"),
-    "_register": Query("register_relay"),
-    "_started_at": Query("started_at", {"started_at": TIME}),
-    "_beat": Query("beat"),
-    "_doomed": Query("doomed"),
-    "_purge_messages": Query("purge_messages"),
-    "_purge_attempts": Query("purge_attempts"),
-}
-# How many heads' followers one statement reads (mysql.sql, follower).
-RUN_HEADS = 100
+@dataclass(frozen=True, slots=True)
+class MysqlStatements(Statements):
+    """MySQL's and MariaDB's own statements, beside every dialect's. The runs' followers are
+    built per number of heads (Mysql.followers_of)."""
 
-# Run by other modules: the console's charts (admin.py).
-PUBLISHED_PER_MINUTE = SQL.text("published_per_minute")
-FAILED_PER_MINUTE = SQL.text("failed_per_minute")
+    candidates: Annotated[Compiled, Query("candidates")]
+    heads: Annotated[Compiled, Query("heads")]
+    park: Annotated[Compiled, Query("park")]
+    trailed: Annotated[Compiled, Query("trailed")]
+    lock_followers: Annotated[Compiled, Query("lock_followers")]
+    claim: Annotated[Compiled, Query("claim")]
+    claimed: Annotated[Compiled, Query("claimed", CLAIMED_COLUMNS)]
+    run_key: Annotated[Compiled, Query("run_key")]
+    run_other: Annotated[Compiled, Query("run_other")]
+    keys_of: Annotated[Compiled, Query("keys_of")]
+    mark_published: Annotated[Compiled, Query("mark_published")]
+    unpark_next: Annotated[Compiled, Query("unpark_next")]
+    held: Annotated[
+        Compiled, Query("held", {"seq": BigInteger(), "id": UUID, "attempts": Integer()})
+    ]
+    settle_one: Annotated[Compiled, Query("settle_one")]
+    record_attempt: Annotated[Compiled, Query("record_attempt")]
+    reclaimable: Annotated[Compiled, _reclaimable("{{reclaim_expired}}")]
+    abandonable: Annotated[Compiled, _reclaimable("{{abandoned}}")]
+    owned: Annotated[Compiled, _reclaimable("{{reclaim_owner}}")]
+    of_dead: Annotated[Compiled, _reclaimable("{{reclaim_dead}}")]
+    reclaim: Annotated[Compiled, Query("reclaim")]
+    dead_relays: Annotated[Compiled, Query("dead_relays")]
+    forget_relays: Annotated[Compiled, Query("forget_relays")]
+    started_at: Annotated[Compiled, Query("started_at", {"started_at": TIME})]
+    doomed: Annotated[Compiled, Query("doomed")]
+    purge_messages: Annotated[Compiled, Query("purge_messages")]
+    purge_attempts: Annotated[Compiled, Query("purge_attempts")]
+
+
+# How many heads' followers one statement reads (mysql.sql, follower_ready).
+RUN_HEADS = 100
 
 # ------------------------------------------------------------------------ the connection
 
@@ -152,55 +159,24 @@ class Mysql(Dialect):
     resource_parts = RESOURCE_PARTS
 
     queries = SQL
-    statements = STATEMENTS
+    statements = MysqlStatements
+    sql: MysqlStatements
     lists = LISTS
-    _candidates: Compiled
-    _heads: Compiled
-    _park: Compiled
-    _trailed: Compiled
-    _lock_followers: Compiled
-    _claim: Compiled
-    _claimed: Compiled
-    _run_key: Compiled
-    _run_other: Compiled
-    _keys_of: Compiled
-    _mark: Compiled
-    _unpark_next: Compiled
-    _held: Compiled
-    _settle_one: Compiled
-    _record_attempt: Compiled
-    _reclaimable: Compiled
-    _abandonable: Compiled
-    _owned: Compiled
-    _of_dead: Compiled
-    _reclaim: Compiled
-    _dead_relays: Compiled
-    _forget_relays: Compiled
-    _register: Compiled
-    _started_at: Compiled
-    _beat: Compiled
-    _doomed: Compiled
-    _purge_messages: Compiled
-    _purge_attempts: Compiled
+
+    def __init__(self, *, hold: bool = True, scope: str = "exchange") -> None:
+        super().__init__(hold=hold, scope=scope)
+        # Per head, its rows in the blocking states other than pending (never ready): the
+        # followers' second branch, where there are such states.
+        states = (s.strip() for s in self.blocking.split(","))
+        self._others = ", ".join(s for s in states if s != "'pending'")
+        self._followers: dict[int, Compiled] = {}  # by how many heads: built when first needed
 
     def configuration(self, *, blocking: str, resource: str) -> dict[str, str]:
         # The head check, the trails and a chain's other rows probe each blocking state apart
         # (mysql.sql): the dead-key mode picks the blocks that name its states.
         mode = "hold" if blocking == common.BLOCKING_HOLD else "skip"
         probes = ("key_head", "trails", "other_probes")
-        return {"resource": resource, **{name: f"{{{{{name}_{mode}}}}}" for name in probes}}
-
-    def _prepare(self, *, blocking: str, resource: str) -> Statements:
-        statements = super()._prepare(blocking=blocking, resource=resource)
-        self._config = self.configuration(blocking=blocking, resource=resource)
-        # Per head: its pending rows, which may be ready; its rows in the other blocking states.
-        others = ", ".join(s.strip() for s in blocking.split(",") if s.strip() != "'pending'")
-        self._branches = [
-            ("'pending'", "{{follower_ok}}"),
-            *([(others, "false")] if others else []),
-        ]
-        self._followers: dict[int, Compiled] = {}  # by how many heads: built when first needed
-        return statements
+        return {"resource": resource, **{name: SQL.text(f"{name}_{mode}") for name in probes}}
 
     @classmethod
     def is_transient(cls, exc: DBAPIError) -> bool:
@@ -229,14 +205,28 @@ class Mysql(Dialect):
         version = str(getattr(dbapi_conn, "server_version", ""))
         return MARIADB_TIMEOUT if "mariadb" in version.lower() else MYSQL_TIMEOUT
 
+    def texts(self) -> dict[str, str]:
+        # The runs' followers of one head: a claim's statement has such a pair of branches per
+        # head, up to RUN_HEADS.
+        return {**super().texts(), "followers_of_1": sql_of(self.followers_of(1))}
+
+    def migration_denied(self, engine: Engine, exc: DBAPIError, sqlstate: str) -> str:
+        # The server's message names the privilege and the user.
+        said = exc.orig.args[-1] if exc.orig is not None and exc.orig.args else exc
+        first = str(said).splitlines()[0]
+        return (
+            f"{first}: migrate needs CREATE, ALTER, INDEX and DROP on the database "
+            "(GRANT ... ON db.* TO ...), or run it as the tables' owner"
+        )
+
     def bind_list(self, values: Iterable[Any]) -> list[Any]:
         return [v.hex if isinstance(v, uuid.UUID) else v for v in values]
 
     def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         with self.transaction(conn):
-            candidates = conn.execute(self._candidates, params).all()
+            candidates = conn.execute(self.sql.candidates, params).all()
             keyed = [seq for seq, key, _, _ in candidates if key is not None]
-            heads = set(conn.execute(self._heads, {"seqs": keyed}).scalars()) if keyed else set()
+            heads = set(conn.execute(self.sql.heads, {"seqs": keyed}).scalars()) if keyed else set()
             ready = [
                 suspects.Candidate(seq, key, bool(suspect), bool(solitary))
                 for seq, key, suspect, solitary in candidates
@@ -252,27 +242,27 @@ class Mysql(Dialect):
             in_run = set(run)
             parked = [seq for seq in keyed if seq not in heads and seq not in in_run]
             if parked:
-                conn.execute(self._park, {"seqs": parked})
+                conn.execute(self.sql.park, {"seqs": parked})
             if not choice.chosen:
                 return []
             seqs = [*choice.seqs, *run]
             claim = {**params, "seqs": seqs, "suspect": choice.suspects, "stamp": choice.stamp}
-            conn.execute(self._claim, claim)
-            return conn.execute(self._claimed, claim).all()
+            conn.execute(self.sql.claim, claim)
+            return conn.execute(self.sql.claimed, claim).all()
 
     def claim_run(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         with self.transaction(conn):
-            key = conn.execute(self._run_key, params).scalar_one_or_none()
+            key = conn.execute(self.sql.run_key, params).scalar_one_or_none()
             if key is None:
                 return []
-            if conn.execute(self._run_other, {**params, "of_key": key}).first() is not None:
+            if conn.execute(self.sql.run_other, {**params, "of_key": key}).first() is not None:
                 return []
             run = self._runs(conn, params, [(params["after"], key)])
             if not run:
                 return []
             claim = {**params, "seqs": run, "suspect": False, "stamp": params["grouped"]}
-            conn.execute(self._claim, claim)
-            return conn.execute(self._claimed, claim).all()
+            conn.execute(self.sql.claim, claim)
+            return conn.execute(self.sql.claimed, claim).all()
 
     def _runs(
         self, conn: Connection, params: Mapping[str, Any], heads: Sequence[tuple[int, str]]
@@ -280,7 +270,7 @@ class Mysql(Dialect):
         """The rows of the runs behind `heads` ((seq, key), in claim order), locked."""
         if not heads or params["run"] <= 0 or params["follow"] <= 0:
             return []
-        trailed = set(conn.execute(self._trailed, {"seqs": [seq for seq, _ in heads]}).scalars())
+        trailed = set(conn.execute(self.sql.trailed, {"seqs": [seq for seq, _ in heads]}).scalars())
         if not trailed:
             return []
         lines = self._lines(conn, params, [(seq, key) for seq, key in heads if seq in trailed])
@@ -288,7 +278,7 @@ class Mysql(Dialect):
         seqs = [seq for line in wanted for seq in line]
         if not seqs:
             return []
-        locked = set(conn.execute(self._lock_followers, {**params, "seqs": seqs}).scalars())
+        locked = set(conn.execute(self.sql.lock_followers, {**params, "seqs": seqs}).scalars())
         return [seq for line in wanted for seq in takewhile(locked.__contains__, line)]
 
     def _lines(
@@ -305,7 +295,7 @@ class Mysql(Dialect):
             binds = dict(params)
             for i, (seq, key) in enumerate(chunk):
                 binds[f"key_{i}"], binds[f"seq_{i}"] = key, seq
-            for i, seq, ok in conn.execute(self._followers_of(len(chunk)), binds):
+            for i, seq, ok in conn.execute(self.followers_of(len(chunk)), binds):
                 lines[start + i].append((seq, bool(ok)))
             # Each branch is in seq order: merged, the first :run of each head's.
             for line in lines[start : start + RUN_HEADS]:
@@ -313,17 +303,19 @@ class Mysql(Dialect):
                 read += len(line)
         return lines
 
-    def _followers_of(self, heads: int) -> Compiled:
-        """mysql.sql's follower branches for `heads` heads, compiled once per number of heads."""
+    def followers_of(self, heads: int) -> Compiled:
+        """mysql.sql's follower branches for `heads` heads (two per head: its ready pending rows,
+        and its rows in the other blocking states where the dead-key mode has any), compiled once
+        per number of heads. {{i}} is the head's place, a number the statement is built with."""
         found = self._followers.get(heads)
         if found is None:
-            branches = [
-                self.queries.expand(
-                    "follower", {"i": str(i), "states": states, "ok": ok}, self._config
-                )[0]
-                for i in range(heads)
-                for states, ok in self._branches
-            ]
+            branches = []
+            for i in range(heads):
+                place = {"i": str(i)}
+                branches.append(self.queries.expand("follower_ready", place, self.config)[0])
+                if self._others:
+                    others = {**place, "others": self._others}
+                    branches.append(self.queries.expand("follower_blocked", others, {})[0])
             found = compile_sql("\nUNION ALL\n".join(branches), lists=LISTS)
             self._followers[heads] = found
         return found
@@ -331,11 +323,11 @@ class Mysql(Dialect):
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
             lasts: dict[str, int] = {}  # per key, the highest seq about to be published
-            for seq, key in conn.execute(self._keys_of, params):
+            for seq, key in conn.execute(self.sql.keys_of, params):
                 lasts[key] = max(seq, lasts.get(key, seq))
-            marked = conn.execute(self._mark, params).rowcount
+            marked = conn.execute(self.sql.mark_published, params).rowcount
             if lasts:
-                conn.execute(self._unpark_next, {"lasts": list(lasts.values())})
+                conn.execute(self.sql.unpark_next, {"lasts": list(lasts.values())})
         return int(marked)
 
     def settle_failures(
@@ -343,11 +335,11 @@ class Mysql(Dialect):
     ) -> int:
         by_seq = {s["seq"]: s for s in settlements}
         with self.transaction(conn):
-            held = conn.execute(self._held, {**params, "seqs": list(by_seq)}).all()
+            held = conn.execute(self.sql.held, {**params, "seqs": list(by_seq)}).all()
             records = []
             for seq, message_id, attempts in held:  # the others' lease was lost
                 s = by_seq[seq]
-                conn.execute(self._settle_one, {**params, **s})
+                conn.execute(self.sql.settle_one, {**params, **s})
                 records.append(
                     {
                         **params,
@@ -360,35 +352,35 @@ class Mysql(Dialect):
                     }
                 )
             if records:
-                conn.execute(self._record_attempt, records)
+                conn.execute(self.sql.record_attempt, records)
         return len(held)
 
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
-            return self._reclaim_rows(conn, params, self._reclaimable, suspects.expired)
+            return self._reclaim_rows(conn, params, self.sql.reclaimable, suspects.expired)
 
     def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
             error = params["error"]
-            return self._reclaim_rows(conn, params, self._abandonable, lambda _: error)
+            return self._reclaim_rows(conn, params, self.sql.abandonable, lambda _: error)
 
     def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
             why = suspects.earlier_run(params["relay_id"])
-            return self._reclaim_rows(conn, params, self._owned, lambda _: why)
+            return self._reclaim_rows(conn, params, self.sql.owned, lambda _: why)
 
     def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
         with self.transaction(conn):
             p = {**params, "dead_after_neg": -params["dead_after"]}
-            dead = list(conn.execute(self._dead_relays, p).scalars())
+            dead = list(conn.execute(self.sql.dead_relays, p).scalars())
             if not dead:
                 return [], 0
-            conn.execute(self._forget_relays, {"relays": dead})
+            conn.execute(self.sql.forget_relays, {"relays": dead})
 
             def why(owner: str | None) -> str:
                 return suspects.dead_relay(owner, params["dead_after"])
 
-            return dead, self._reclaim_rows(conn, {**p, "relays": dead}, self._of_dead, why)
+            return dead, self._reclaim_rows(conn, {**p, "relays": dead}, self.sql.of_dead, why)
 
     def _reclaim_rows(
         self,
@@ -414,29 +406,25 @@ class Mysql(Dialect):
         }
         for (state, attempts, last_error), seqs in suspects.by_change(reclaimed.values()).items():
             change = {"state": state, "attempts": attempts, "last_error": last_error}
-            conn.execute(self._reclaim, {**p, **change, "seqs": seqs})
+            conn.execute(self.sql.reclaim, {**p, **change, "seqs": seqs})
         records = [common.reclaim_attempt(r.id, reclaimed[r.seq].record, p) for r in rows]
-        conn.execute(self._record_attempt, records)
+        conn.execute(self.sql.record_attempt, records)
         return len(rows)
 
     def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
         with self.transaction(conn):
-            conn.execute(self._register, params)
-            started: dt.datetime = conn.execute(self._started_at, params).scalar_one()
+            conn.execute(self.sql.register_relay, params)
+            started: dt.datetime = conn.execute(self.sql.started_at, params).scalar_one()
         return started
-
-    def beat(self, conn: Connection, params: dict[str, Any]) -> bool:
-        # Matched rows, not changed ones: SQLAlchemy connects with CLIENT_FOUND_ROWS.
-        return int(conn.execute(self._beat, params).rowcount) == 1
 
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
         with self.transaction(conn):
-            doomed = conn.execute(self._doomed, params).all()
+            doomed = conn.execute(self.sql.doomed, params).all()
             if not doomed:
                 return 0, None
             ids = [str(i) for _, i in doomed]
-            conn.execute(self._purge_messages, {"seqs": [seq for seq, _ in doomed]})
-            conn.execute(self._purge_attempts, {"ids": ids})
+            conn.execute(self.sql.purge_messages, {"seqs": [seq for seq, _ in doomed]})
+            conn.execute(self.sql.purge_attempts, {"ids": ids})
         return len(ids), uuid.UUID(max(ids))
 
 

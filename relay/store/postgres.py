@@ -9,14 +9,13 @@ exception is a resource change (circuits, rate buckets), a read and a write unde
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Annotated, Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from outbox.dberrors import DbFailure, classify_db_error
@@ -24,8 +23,9 @@ from outbox.enqueue import NOTIFY_CHANNEL
 from relay.core import suspects
 from relay.ports import TableHealth
 from relay.store import common, queries
-from relay.store.dialect import CLAIMED_COLUMNS, TIME, Compiled, Dialect, Query, compile_sql
+from relay.store.dialect import Dialect
 from relay.store.estimates import TableStats, shares
+from relay.store.statements import CLAIMED_COLUMNS, Compiled, Query, Statements
 
 SQL = queries.load("common", "postgres")
 
@@ -42,40 +42,47 @@ def _reclaim(
     )
 
 
-# The statements Postgres' own methods run (beside SqlStore's, dialect.STATEMENTS), by attribute.
-STATEMENTS: Mapping[str, Query] = {
-    "_claim": Query("claim", CLAIMED_COLUMNS),
-    "_claim_run": Query("claim_run", CLAIMED_COLUMNS),
-    "_mark": Query("mark_published"),
-    "_settle": Query("settle_failures"),
-    "_reclaim": _reclaim("{{reclaim_expired}}", common.reason_sql(suspects.EXPIRED, owner=_OWNER)),
-    "_abandon": _reclaim("{{abandoned}}", ":error"),
-    "_reclaim_owner": _reclaim(
-        "{{reclaim_owner}}", common.reason_sql(suspects.EARLIER_RUN, relay=":relay_id")
-    ),
-    "_reclaim_dead": _reclaim(
-        "{{reclaim_dead_rows}}",
-        common.reason_sql(suspects.DEAD_RELAY, owner=_OWNER, seconds=":dead_after"),
-        before="{{reclaim_dead}}",
-        result="{{reclaim_dead_result}}",
-    ),
-    "_register": Query("register_relay", {"started_at": TIME}),
-    "_beat": Query("beat"),
-    "_purge": Query("purge_batch"),
-}
+@dataclass(frozen=True, slots=True)
+class PostgresStatements(Statements):
+    """PostgreSQL's own statements, beside every dialect's."""
 
-# Run by other modules: the console's charts (admin.py), a retention batch by hand (tests).
-PUBLISHED_PER_MINUTE = SQL.text("published_per_minute")
-FAILED_PER_MINUTE = SQL.text("failed_per_minute")
-PURGE_BATCH = SQL.text("purge_batch")
-COUNT_ELIGIBLE = SQL.text("count_eligible")
+    claim: Annotated[Compiled, Query("claim", CLAIMED_COLUMNS)]
+    claim_run: Annotated[Compiled, Query("claim_run", CLAIMED_COLUMNS)]
+    mark_published: Annotated[Compiled, Query("mark_published")]
+    settle_failures: Annotated[Compiled, Query("settle_failures")]
+    reclaim_expired: Annotated[
+        Compiled,
+        _reclaim("{{reclaim_expired}}", common.reason_sql(suspects.EXPIRED, owner=_OWNER)),
+    ]
+    abandon: Annotated[Compiled, _reclaim("{{abandoned}}", ":error")]
+    reclaim_owner: Annotated[
+        Compiled,
+        _reclaim("{{reclaim_owner}}", common.reason_sql(suspects.EARLIER_RUN, relay=":relay_id")),
+    ]
+    reclaim_dead: Annotated[
+        Compiled,
+        _reclaim(
+            "{{reclaim_dead_rows}}",
+            common.reason_sql(suspects.DEAD_RELAY, owner=_OWNER, seconds=":dead_after"),
+            before="{{reclaim_dead}}",
+            result="{{reclaim_dead_result}}",
+        ),
+    ]
+    purge_batch: Annotated[Compiled, Query("purge_batch")]
+    # Around the counting statements (Postgres.reading, table_stats, table_health).
+    table_size: Annotated[Compiled, Query("table_size")]
+    table_shares: Annotated[Compiled, Query("table_shares")]
+    table_health: Annotated[Compiled, Query("table_health")]
+    no_parallel: Annotated[str, Query("no_parallel")]
+    read_snapshot: Annotated[str, Query("read_snapshot")]
+    # Who a migration ran as, and where (Postgres.migration_denied).
+    role_and_schema: Annotated[Compiled, Query("role_and_schema")]
 
-# Around the counting statements (Postgres.reading, table_stats).
-NO_PARALLEL = SQL.text("no_parallel")
-READ_SNAPSHOT = SQL.text("read_snapshot")
-_TABLE_SIZE = compile_sql(SQL.text("table_size"))
-_TABLE_SHARES = compile_sql(SQL.text("table_shares"))
-_TABLE_HEALTH = compile_sql(SQL.text("table_health"))
+
+# The SQLSTATE of a role with no schema to create tables in: nothing on its search_path exists,
+# or it may not use what does.
+NO_SCHEMA = "3F000"
+
 # How PostgreSQL spells false in a boolean option (its parse_bool: a word, or a prefix of it).
 _FALSE = frozenset({"f", "fa", "fal", "fals", "false", "n", "no", "of", "off", "0"})
 
@@ -145,18 +152,8 @@ class Postgres(Dialect):
     prepare_direct = 2
 
     queries = SQL
-    statements = STATEMENTS
-    _claim: Compiled
-    _claim_run: Compiled
-    _mark: Compiled
-    _settle: Compiled
-    _reclaim: Compiled
-    _abandon: Compiled
-    _reclaim_owner: Compiled
-    _reclaim_dead: Compiled
-    _register: Compiled
-    _beat: Compiled
-    _purge: Compiled
+    statements = PostgresStatements
+    sql: PostgresStatements
 
     @classmethod
     def is_transient(cls, exc: DBAPIError) -> bool:
@@ -188,17 +185,45 @@ class Postgres(Dialect):
     def pooled(cls, dbapi_conn: Any) -> str | None:
         return behind_pooler(dbapi_conn)
 
+    def texts(self) -> dict[str, str]:
+        return {**super().texts(), "notify_probe": NOTIFY_PROBE, "backend": BACKEND}
+
+    def migration_denied(self, engine: Engine, exc: DBAPIError, sqlstate: str) -> str:
+        try:
+            with engine.connect() as conn:
+                role, schema, database = conn.execute(self.sql.role_and_schema).one()
+        except DBAPIError:
+            role, schema, database = "this role", None, "this database"
+        if sqlstate == NO_SCHEMA or schema is None:
+            return (
+                f"role {role} has no schema to create the outbox tables in: no schema on its "
+                f"search_path exists or grants it USAGE (GRANT USAGE, CREATE ON SCHEMA ... TO "
+                f"{role})"
+            )
+        verb = (exc.statement or "").lstrip().split(" ", 1)[0].upper()
+        if verb in ("CREATE", ""):
+            return (
+                f"role {role} lacks the CREATE privilege on schema {schema} of database "
+                f"{database}: run `GRANT CREATE ON SCHEMA {schema} TO {role}`, or migrate as the "
+                "schema's owner"
+            )
+        # ALTER, and anything else a later migration does to an existing table, needs its owner.
+        return (
+            f"role {role} does not own the outbox tables in schema {schema} ({verb} needs the "
+            "owner's privileges): migrate as the role that created them"
+        )
+
     def bind_list(self, values: Iterable[Any]) -> list[Any]:
         return [v.hex if isinstance(v, uuid.UUID) else v for v in values]
 
     def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
-        return conn.execute(self._claim, params).all()
+        return conn.execute(self.sql.claim, params).all()
 
     def claim_run(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
-        return conn.execute(self._claim_run, params).all()
+        return conn.execute(self.sql.claim_run, params).all()
 
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
-        return int(conn.execute(self._mark, params).scalar_one())
+        return int(conn.execute(self.sql.mark_published, params).scalar_one())
 
     def settle_failures(
         self, conn: Connection, settlements: Sequence[Mapping[str, Any]], params: dict[str, Any]
@@ -215,34 +240,27 @@ class Postgres(Dialect):
             "outcomes": column("outcome"),
             "errors": column("error"),
         }
-        return conn.execute(self._settle, {**params, **arrays}).rowcount
+        return conn.execute(self.sql.settle_failures, {**params, **arrays}).rowcount
 
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
-        return int(conn.execute(self._reclaim, params).scalar_one())
+        return int(conn.execute(self.sql.reclaim_expired, params).scalar_one())
 
     def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
-        return int(conn.execute(self._abandon, params).scalar_one())
+        return int(conn.execute(self.sql.abandon, params).scalar_one())
 
     def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
-        return int(conn.execute(self._reclaim_owner, params).scalar_one())
+        return int(conn.execute(self.sql.reclaim_owner, params).scalar_one())
 
     def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
-        relays, count = conn.execute(self._reclaim_dead, params).one()
+        relays, count = conn.execute(self.sql.reclaim_dead, params).one()
         return list(relays), int(count)
 
-    def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
-        started: dt.datetime = conn.execute(self._register, params).scalar_one()
-        return started
-
-    def beat(self, conn: Connection, params: dict[str, Any]) -> bool:
-        return conn.execute(self._beat, params).rowcount == 1
-
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
-        count, last = conn.execute(self._purge, params).one()
+        count, last = conn.execute(self.sql.purge_batch, params).one()
         return int(count), None if last is None else uuid.UUID(str(last))
 
     def table_stats(self, conn: Connection) -> TableStats | None:
-        found = conn.execute(_TABLE_SIZE).one_or_none()
+        found = conn.execute(self.sql.table_size).one_or_none()
         if found is None:
             return None  # no such table: the counting statements say so
         stats = TableStats(
@@ -254,7 +272,7 @@ class Postgres(Dialect):
         )
         if stats.small:
             return stats  # counted exactly: no shares needed
-        found_shares = conn.execute(_TABLE_SHARES)
+        found_shares = conn.execute(self.sql.table_shares)
         by_column = {row.attname: shares(row.vals, row.freqs) for row in found_shares}
         return replace(
             stats,
@@ -264,7 +282,7 @@ class Postgres(Dialect):
 
     def table_health(self, conn: Connection) -> list[TableHealth]:
         found = []
-        for row in conn.execute(_TABLE_HEALTH):
+        for row in conn.execute(self.sql.table_health):
             why = autovacuum_off(str(row.server), row.reloptions)
             health = TableHealth(row.name, why is None, why, int(row.live), int(row.dead))
             found.append(health)
@@ -272,15 +290,15 @@ class Postgres(Dialect):
 
     @contextmanager
     def reading(self, conn: Connection) -> Iterator[None]:
-        # The statements see one snapshot, and run without parallel workers (NO_PARALLEL), in a
+        # The statements see one snapshot, and run without parallel workers (no_parallel), in a
         # transaction of their own on the store's autocommit connection, or in the caller's.
         if not conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
-            conn.exec_driver_sql(NO_PARALLEL)
+            conn.exec_driver_sql(self.sql.no_parallel)
             yield
             return
-        conn.exec_driver_sql(READ_SNAPSHOT)
+        conn.exec_driver_sql(self.sql.read_snapshot)
         try:
-            conn.exec_driver_sql(NO_PARALLEL)
+            conn.exec_driver_sql(self.sql.no_parallel)
             yield
         finally:
             conn.exec_driver_sql("ROLLBACK")  # read only: nothing to keep

@@ -56,11 +56,6 @@ _NIL = uuid.UUID(int=0)
 _MS = dt.timedelta(milliseconds=1)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
-# On SQLite a batch holds the database's single write lock; between batches a purge rests this
-# many times as long as the batch took, so writers queued in SQLite's busy handler (which retries
-# at intervals of up to 100 ms) find the lock free instead of losing every race to the next batch.
-SQLITE_REST_RATIO = 1.0
-
 
 # --------------------------------------------------------------------------- pure parts
 
@@ -189,7 +184,7 @@ def purge(
     messages it deleted. It stops at the first batch that comes back short: each batch resumes
     after the last id deleted, so a short one means the id range below the cutoff is exhausted
     (rows locked at that moment are left for the next purge). `max_batches` bounds the work of one
-    call. `rest_ratio` (default: SQLITE_REST_RATIO on SQLite, 0 on PostgreSQL, where nothing waits
+    call. `rest_ratio` (default: the dialect's purge_rest_ratio: 1 on SQLite, 0 where nothing waits
     for a purge) rests that many times a batch's duration after it, through `sleep`.
     """
     _check_batch_size(batch_size)
@@ -197,7 +192,7 @@ def purge(
         raise ValueError(f"max_batches must be at least 1, not {max_batches}")
     plan = _plan(states, older_than_seconds, now)
     if rest_ratio is None:
-        rest_ratio = SQLITE_REST_RATIO if engine.dialect.name == "sqlite" else 0.0
+        rest_ratio = dialect_for(engine.dialect.name).purge_rest_ratio
     total, batches, after_id = 0, 0, _NIL
     while max_batches is None or batches < max_batches:
         started = time.monotonic()

@@ -15,7 +15,8 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from sqlalchemy import Connection, Integer, Uuid
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -23,7 +24,8 @@ from sqlalchemy.types import TypeEngine
 
 from relay.core import suspects
 from relay.store import common, queries
-from relay.store.dialect import CLAIMED_COLUMNS, TIME, Compiled, Dialect, Query
+from relay.store.dialect import Dialect
+from relay.store.statements import CLAIMED_COLUMNS, TIME, Compiled, Query, Statements
 
 SQL = queries.load("common", "sqlite")
 
@@ -41,39 +43,30 @@ def _reclaimable(rows: str) -> Query:
     return Query("reclaimable", RECLAIMABLE, fill={"where": rows})
 
 
-# The statements Sqlite's own methods run (beside SqlStore's, dialect.STATEMENTS), by attribute;
-# {{row}} is the alias key_head looks at.
-STATEMENTS: Mapping[str, Query] = {
-    "_read_now": Query("read_now", {"now": TIME}),
-    "_select_unkeyed": Query("select_unkeyed"),
-    "_select_keyed": Query("select_keyed", fill={"row": "m"}),
-    "_followers": Query("followers"),
-    "_run_other": Query("run_other"),
-    "_park": Query("park"),
-    "_claim": Query("claim", CLAIMED_COLUMNS),
-    "_mark": Query("mark_published"),
-    "_unpark_next": Query("unpark_next", fill={"row": "u"}),
-    "unpark_sweep": Query("unpark_sweep"),
-    "_settle_one": Query("settle_one", {"id": Uuid(), "attempt": Integer()}),
-    "_record_attempt": Query("record_attempt"),
-    "_reclaimable": _reclaimable("{{reclaim_expired}}"),
-    "_abandonable": _reclaimable("{{abandoned}}"),
-    "_owned": _reclaimable("{{reclaim_owner}}"),
-    "_of_dead": _reclaimable("{{reclaim_dead}}"),
-    "_reclaim": Query("reclaim"),
-    "_dead_relays": Query("dead_relays"),
-    "_forget_relays": Query("forget_relays"),
-    "_register": Query("register_relay", {"started_at": TIME}),
-    "_beat": Query("beat"),
-    "_purge_messages": Query("purge_messages"),
-    "_purge_attempts": Query("purge_attempts"),
-}
+@dataclass(frozen=True, slots=True)
+class SqliteStatements(Statements):
+    """SQLite's own statements, beside every dialect's."""
 
-# Run by other modules: the console's charts (admin.py), a retention batch by hand (tests).
-PUBLISHED_PER_MINUTE = SQL.text("published_per_minute")
-FAILED_PER_MINUTE = SQL.text("failed_per_minute")
-PURGE_MESSAGES = SQL.text("purge_messages")
-COUNT_ELIGIBLE = SQL.text("count_eligible")
+    read_now: Annotated[Compiled, Query("read_now", {"now": TIME})]
+    select_unkeyed: Annotated[Compiled, Query("select_unkeyed")]
+    select_keyed: Annotated[Compiled, Query("select_keyed")]
+    followers: Annotated[Compiled, Query("followers")]
+    run_other: Annotated[Compiled, Query("run_other")]
+    park: Annotated[Compiled, Query("park")]
+    claim: Annotated[Compiled, Query("claim", CLAIMED_COLUMNS)]
+    mark_published: Annotated[Compiled, Query("mark_published")]
+    unpark_next: Annotated[Compiled, Query("unpark_next")]
+    settle_one: Annotated[Compiled, Query("settle_one", {"id": Uuid(), "attempt": Integer()})]
+    record_attempt: Annotated[Compiled, Query("record_attempt")]
+    reclaimable: Annotated[Compiled, _reclaimable("{{reclaim_expired}}")]
+    abandonable: Annotated[Compiled, _reclaimable("{{abandoned}}")]
+    owned: Annotated[Compiled, _reclaimable("{{reclaim_owner}}")]
+    of_dead: Annotated[Compiled, _reclaimable("{{reclaim_dead}}")]
+    reclaim: Annotated[Compiled, Query("reclaim")]
+    dead_relays: Annotated[Compiled, Query("dead_relays")]
+    forget_relays: Annotated[Compiled, Query("forget_relays")]
+    purge_messages: Annotated[Compiled, Query("purge_messages")]
+    purge_attempts: Annotated[Compiled, Query("purge_attempts")]
 
 
 class Sqlite(Dialect):
@@ -89,37 +82,14 @@ class Sqlite(Dialect):
     # the single write lock instead of failing at once.
     on_connect = ("PRAGMA journal_mode=WAL", "PRAGMA busy_timeout=30000")
 
-    queries = SQL
-    statements = STATEMENTS
-    _read_now: Compiled
-    _select_unkeyed: Compiled
-    _select_keyed: Compiled
-    _followers: Compiled
-    _run_other: Compiled
-    _park: Compiled
-    _claim: Compiled
-    _mark: Compiled
-    _unpark_next: Compiled
-    _settle_one: Compiled
-    _record_attempt: Compiled
-    _reclaimable: Compiled
-    _abandonable: Compiled
-    _owned: Compiled
-    _of_dead: Compiled
-    _reclaim: Compiled
-    _dead_relays: Compiled
-    _forget_relays: Compiled
-    _register: Compiled
-    _beat: Compiled
-    _purge_messages: Compiled
-    _purge_attempts: Compiled
+    # A purge batch holds the single write lock: between batches a purge rests as long as the
+    # batch took, so writers queued in SQLite's busy handler (which retries at intervals of up to
+    # 100 ms) find the lock free instead of losing every race to the next batch.
+    purge_rest_ratio = 1.0
 
-    def configuration(self, *, blocking: str, resource: str) -> dict[str, str]:
-        # SQLite uses a partial index only where the query names its predicate: a head check
-        # names outbox_message_key_idx's states, and with dead_key "skip" lets the dead off
-        # beside them (sqlite.sql, key_head).
-        let_off = "" if blocking == common.BLOCKING_HOLD else "{{let_off_dead}}"
-        return {**super().configuration(blocking=blocking, resource=resource), "let_off": let_off}
+    queries = SQL
+    statements = SqliteStatements
+    sql: SqliteStatements
 
     @classmethod
     def is_transient(cls, exc: DBAPIError) -> bool:
@@ -139,16 +109,16 @@ class Sqlite(Dialect):
 
     def _now(self, conn: Connection, params: Mapping[str, Any]) -> dt.datetime:
         """The transaction's time: the frozen one if any, else SQLite's clock, read once."""
-        now: dt.datetime = conn.execute(self._read_now, {"now": params["now"]}).scalar_one()
+        now: dt.datetime = conn.execute(self.sql.read_now, {"now": params["now"]}).scalar_one()
         return now
 
     def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         with self.transaction(conn):
             p = {**params, "now": self._now(conn, params)}
             # (seq, priority, available_at, suspect, solitary, key)
-            candidates = [tuple(r) for r in conn.execute(self._select_unkeyed, p)]
+            candidates = [tuple(r) for r in conn.execute(self.sql.select_unkeyed, p)]
             parked: list[int] = []
-            for *candidate, head in conn.execute(self._select_keyed, p):
+            for *candidate, head in conn.execute(self.sql.select_keyed, p):
                 if head:
                     candidates.append(tuple(candidate))
                 else:
@@ -166,9 +136,9 @@ class Sqlite(Dialect):
             in_run = set(run)
             parked = [seq for seq in parked if seq not in in_run]
             if parked:
-                conn.execute(self._park, {"seqs": self.bind_list(parked)})
+                conn.execute(self.sql.park, {"seqs": self.bind_list(parked)})
             return conn.execute(
-                self._claim,
+                self.sql.claim,
                 {
                     **p,
                     "seqs": self.bind_list([*choice.seqs, *run]),
@@ -180,31 +150,31 @@ class Sqlite(Dialect):
     def claim_run(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         with self.transaction(conn):
             p = {**params, "now": self._now(conn, params)}
-            if conn.execute(self._run_other, p).first() is not None:
+            if conn.execute(self.sql.run_other, p).first() is not None:
                 return []
             run = self._runs(conn, p, [params["after"]])
             if not run:
                 return []
             claim = {**p, "seqs": self.bind_list(run), "suspect": False, "stamp": p["grouped"]}
-            return conn.execute(self._claim, claim).all()
+            return conn.execute(self.sql.claim, claim).all()
 
     def _runs(self, conn: Connection, params: Mapping[str, Any], heads: Sequence[int]) -> list[int]:
         """The rows of the runs behind `heads` (keyed rows, in claim order)."""
         if not heads or params["run"] <= 0 or params["follow"] <= 0:
             return []
-        found = conn.execute(self._followers, {**params, "heads": self.bind_list(heads)})
+        found = conn.execute(self.sql.followers, {**params, "heads": self.bind_list(heads)})
         return list(found.scalars())
 
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
             p = {**params, "now": self._now(conn, params)}
-            marked = conn.execute(self._mark, p).all()
+            marked = conn.execute(self.sql.mark_published, p).all()
             lasts: dict[Any, int] = {}  # per key, the highest seq published
             for key, seq in marked:
                 if key is not None:
                     lasts[key] = max(seq, lasts.get(key, seq))
             if lasts:
-                conn.execute(self._unpark_next, {"lasts": self.bind_list(lasts.values())})
+                conn.execute(self.sql.unpark_next, {"lasts": self.bind_list(lasts.values())})
         return len(marked)
 
     def settle_failures(
@@ -214,12 +184,12 @@ class Sqlite(Dialect):
         with self.transaction(conn):
             p = {**params, "now": self._now(conn, params)}
             for s in settlements:
-                hit = conn.execute(self._settle_one, {**s, **p}).first()
+                hit = conn.execute(self.sql.settle_one, {**s, **p}).first()
                 if hit is None:
                     continue  # the lease was lost: another relay owns the row now
                 changed += 1
                 conn.execute(
-                    self._record_attempt,
+                    self.sql.record_attempt,
                     {
                         **p,
                         "message_id": hit.id,
@@ -234,31 +204,31 @@ class Sqlite(Dialect):
 
     def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
-            return self._reclaim_rows(conn, params, self._reclaimable, suspects.expired)
+            return self._reclaim_rows(conn, params, self.sql.reclaimable, suspects.expired)
 
     def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
             error = params["error"]
-            return self._reclaim_rows(conn, params, self._abandonable, lambda _: error)
+            return self._reclaim_rows(conn, params, self.sql.abandonable, lambda _: error)
 
     def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
         with self.transaction(conn):
             why = suspects.earlier_run(params["relay_id"])
-            return self._reclaim_rows(conn, params, self._owned, lambda _: why)
+            return self._reclaim_rows(conn, params, self.sql.owned, lambda _: why)
 
     def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
         with self.transaction(conn):
             p = {**params, "now": self._now(conn, params)}
-            dead = list(conn.execute(self._dead_relays, p).scalars())
+            dead = list(conn.execute(self.sql.dead_relays, p).scalars())
             if not dead:
                 return [], 0
             relays = self.bind_list(dead)
-            conn.execute(self._forget_relays, {"relays": relays})
+            conn.execute(self.sql.forget_relays, {"relays": relays})
 
             def why(owner: str | None) -> str:
                 return suspects.dead_relay(owner, params["dead_after"])
 
-            return dead, self._reclaim_rows(conn, {**p, "relays": relays}, self._of_dead, why)
+            return dead, self._reclaim_rows(conn, {**p, "relays": relays}, self.sql.of_dead, why)
 
     def _reclaim_rows(
         self,
@@ -285,21 +255,14 @@ class Sqlite(Dialect):
         }
         for (state, attempts, last_error), seqs in suspects.by_change(reclaimed.values()).items():
             change = {"state": state, "attempts": attempts, "last_error": last_error}
-            conn.execute(self._reclaim, {**p, **change, "seqs": self.bind_list(seqs)})
+            conn.execute(self.sql.reclaim, {**p, **change, "seqs": self.bind_list(seqs)})
         records = [common.reclaim_attempt(r.id, reclaimed[r.seq].record, p) for r in rows]
-        conn.execute(self._record_attempt, records)
+        conn.execute(self.sql.record_attempt, records)
         return len(rows)
-
-    def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
-        started: dt.datetime = conn.execute(self._register, params).scalar_one()
-        return started
-
-    def beat(self, conn: Connection, params: dict[str, Any]) -> bool:
-        return conn.execute(self._beat, params).rowcount == 1
 
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
         with self.transaction(conn):
-            ids = [str(i) for i in conn.execute(self._purge_messages, params).scalars()]
+            ids = [str(i) for i in conn.execute(self.sql.purge_messages, params).scalars()]
             if ids:
-                conn.execute(self._purge_attempts, {"ids": self.bind_list(ids)})
+                conn.execute(self.sql.purge_attempts, {"ids": self.bind_list(ids)})
         return len(ids), uuid.UUID(max(ids)) if ids else None

@@ -31,10 +31,10 @@ from relay.cli import main as cli
 from relay.cli import retention as retention_cli
 from relay.core.retention import DAY, FAILED_STATES, RetentionPolicy
 from relay.runtime.config import RelayConfig
-from relay.store import postgres, retention
+from relay.store import retention
 from relay.store.databases import dialect_for
-from relay.store.dialect import compile_sql
 from relay.store.engines import make_engine
+from relay.store.postgres import Postgres
 from relay.store.retention import run_retention_once
 from relay.store.sql_store import open_store
 from tests.support.cli import cli as run_cli
@@ -421,7 +421,7 @@ def test_an_open_purge_batch_blocks_no_insert_claim_or_other_purge(
     try:
         with pg_engine.connect() as purger, purger.begin() as tx:
             # A batch deleted and not yet committed: its rows (the five oldest) stay locked.
-            batch = compile_sql(postgres.PURGE_BATCH)
+            batch = Postgres().sql.purge_batch
             assert purger.execute(batch, params).one()[0] == 5
 
             with impatient.begin() as conn:  # an application transaction

@@ -17,7 +17,8 @@ from relay.cli.main import _Parser
 from relay.core.retention import DAY, FAILED_STATES, RetentionPolicy
 from relay.errors import ConfigError
 from relay.runtime.config import RelayConfig
-from relay.store import admin, postgres, retention, sqlite
+from relay.store import admin, retention
+from relay.store.databases import dialect_for
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 MAX_MS = (1 << 48) - 1
@@ -145,13 +146,17 @@ def test_batch_functions_check_their_arguments_before_touching_the_database() ->
 # --------------------------------------------------------------------------- SQL text
 
 
+POSTGRES = dialect_for("postgresql").texts()
+SQLITE = dialect_for("sqlite").texts()
+
+
 @pytest.mark.parametrize(
     "sql",
     [
-        postgres.PURGE_BATCH,
-        postgres.COUNT_ELIGIBLE,
-        sqlite.PURGE_MESSAGES,
-        sqlite.COUNT_ELIGIBLE,
+        POSTGRES["purge_batch"],
+        POSTGRES["count_eligible"],
+        SQLITE["purge_messages"],
+        SQLITE["count_eligible"],
     ],
 )
 def test_statements_bound_by_id_and_never_name_a_live_state(sql: str) -> None:
@@ -163,9 +168,9 @@ def test_statements_bound_by_id_and_never_name_a_live_state(sql: str) -> None:
 
 
 def test_batches_are_ordered_by_id_and_limited() -> None:
-    for sql in (postgres.PURGE_BATCH, sqlite.PURGE_MESSAGES):
+    for sql in (POSTGRES["purge_batch"], SQLITE["purge_messages"]):
         assert "ORDER BY id\n    LIMIT :batch_size" in sql
-    assert "FOR UPDATE SKIP LOCKED" in postgres.PURGE_BATCH
+    assert "FOR UPDATE SKIP LOCKED" in POSTGRES["purge_batch"]
 
 
 def test_storage_settings_render_the_documented_statements() -> None:

@@ -3,36 +3,26 @@ time through :now, keep the lease guard, and say once what the databases share."
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
 import pytest
-from sqlalchemy import TextClause, TextualSelect
+from sqlalchemy import TextClause
 
 from relay.core.resources import SCOPES
 from relay.errors import ConfigError
 from relay.store import common, mysql, postgres, queries, sqlite
 from relay.store.databases import DIALECTS, database_url, dialect_for
-from relay.store.dialect import Dialect, Statements, compile_sql
+from relay.store.dialect import Dialect
+from relay.store.statements import compile_sql, sql_of
 
 STORE = Path(common.__file__).parent
 CONFIGS = [(hold, scope) for hold in (True, False) for scope in SCOPES]
 
 
 def every_statement(dialect: Dialect) -> dict[str, str]:
-    """Every compiled statement a dialect runs, by name: SqlStore's and its own."""
-    found = {f.name: getattr(dialect.sql, f.name) for f in dataclasses.fields(Statements)}
-    found.update(
-        {k: v for k, v in vars(dialect).items() if isinstance(v, TextClause | TextualSelect)}
-    )
-    return {name: sql_of(clause) for name, clause in found.items()}
-
-
-def sql_of(clause: TextClause | TextualSelect) -> str:
-    text = clause.element if isinstance(clause, TextualSelect) else clause
-    assert isinstance(text, TextClause)
-    return text.text
+    """Every statement a dialect runs, by name (`outbox-relay sql` prints the same)."""
+    return dialect.texts()
 
 
 @pytest.mark.parametrize("backend", sorted(DIALECTS))
@@ -68,7 +58,7 @@ def test_postgresql_reads_its_clock_only_through_now() -> None:
 @pytest.mark.parametrize("backend", ["mysql", "mariadb"])
 def test_mysql_reads_its_clock_only_through_now(backend: str) -> None:
     for name, sql in every_statement(dialect_for(backend)).items():
-        assert sql.count("UTC_TIMESTAMP") == sql.count(mysql.NOW), name
+        assert sql.count("UTC_TIMESTAMP") == sql.count(mysql.SQL.text("now")), name
         assert "NOW()" not in sql.upper().replace("UTC_TIMESTAMP", ""), name
 
 
@@ -87,16 +77,16 @@ MYSQL = every_statement(dialect_for("mysql"))
 @pytest.mark.parametrize(
     "sql",
     [
-        POSTGRES["_mark"],
+        POSTGRES["mark_published"],
         POSTGRES["release"],
-        POSTGRES["_settle"],
-        SQLITE["_mark"],
+        POSTGRES["settle_failures"],
+        SQLITE["mark_published"],
         SQLITE["release"],
-        SQLITE["_settle_one"],
-        MYSQL["_mark"],
+        SQLITE["settle_one"],
+        MYSQL["mark_published"],
         MYSQL["release"],
-        MYSQL["_held"],  # settle_one then changes only the rows this read found and locked
-        MYSQL["_keys_of"],
+        MYSQL["held"],  # settle_one then changes only the rows this read found and locked
+        MYSQL["keys_of"],
     ],
 )
 def test_every_settlement_is_guarded_by_the_lease(sql: str) -> None:
@@ -104,24 +94,24 @@ def test_every_settlement_is_guarded_by_the_lease(sql: str) -> None:
 
 
 def test_postgresql_skips_rows_another_relay_has_locked() -> None:
-    claim = every_statement(dialect_for("postgresql"))["_claim"]
+    claim = every_statement(dialect_for("postgresql"))["claim"]
     assert claim.count("FOR UPDATE SKIP LOCKED") == 3  # unkeyed, keyed candidates, runs
-    assert "FOR UPDATE SKIP LOCKED" in POSTGRES["_reclaim"]
-    assert "FOR UPDATE SKIP LOCKED" in postgres.PURGE_BATCH
+    assert "FOR UPDATE SKIP LOCKED" in POSTGRES["reclaim_expired"]
+    assert "FOR UPDATE SKIP LOCKED" in POSTGRES["purge_batch"]
     assert "FOR UPDATE" in POSTGRES["lock_resource"]
 
 
 def test_mysql_skips_rows_another_relay_has_locked_and_reads_them_in_index_order() -> None:
     statements = every_statement(dialect_for("mariadb"))
-    for name in ("_candidates", "_reclaimable", "_abandonable", "_doomed"):
+    for name in ("candidates", "reclaimable", "abandonable", "doomed"):
         assert "FOR UPDATE SKIP LOCKED" in statements[name], name
     assert "FOR UPDATE" in MYSQL["lock_resource"]
-    assert "FORCE INDEX (outbox_message_claim_idx)" in statements["_candidates"]
+    assert "FORCE INDEX (outbox_message_claim_idx)" in statements["candidates"]
     # The head probe: one index probe per blocking state, never a scan of the key's rows.
-    hold = statements["_heads"]
+    hold = statements["heads"]
     assert hold.count("FORCE INDEX (outbox_message_key_state_idx)") == 3
     assert hold.count("ORDER BY e.seq LIMIT 1") == 3
-    skip = every_statement(dialect_for("mariadb", hold=False))["_heads"]
+    skip = every_statement(dialect_for("mariadb", hold=False))["heads"]
     assert skip.count("ORDER BY e.seq LIMIT 1") == 2
     assert "'dead'" not in skip
 

@@ -34,31 +34,31 @@ TIMESTAMPADD(MICROSECOND, ROUND(:delay_seconds * 1000000), {{now}})
 -- key_head_hold --
 -- The head check (postgres.sql's claim) in the form MySQL runs in constant time: per blocking
 -- state, the key's first row in that state (one probe of outbox_message_key_state_idx, read in
--- seq order and stopped at once), earlier than {{row}} or not. As one NOT EXISTS over the
--- states, MySQL and MariaDB read every row of the key, published ones included. With dead_key
--- "skip", key_head_skip: the same without the dead.
+-- seq order and stopped at once), earlier than the row checked or not: `m`, in every statement
+-- that checks a head. As one NOT EXISTS over the states, MySQL and MariaDB read every row of the
+-- key, published ones included. With dead_key "skip", key_head_skip: the same without the dead.
 (coalesce((SELECT e.seq FROM outbox_message AS e
                FORCE INDEX (outbox_message_key_state_idx)
-               WHERE e.key = {{row}}.key AND e.state = 'pending'
-               ORDER BY e.seq LIMIT 1), {{row}}.seq) >= {{row}}.seq
+               WHERE e.key = m.key AND e.state = 'pending'
+               ORDER BY e.seq LIMIT 1), m.seq) >= m.seq
     AND coalesce((SELECT e.seq FROM outbox_message AS e
                FORCE INDEX (outbox_message_key_state_idx)
-               WHERE e.key = {{row}}.key AND e.state = 'in_flight'
-               ORDER BY e.seq LIMIT 1), {{row}}.seq) >= {{row}}.seq
+               WHERE e.key = m.key AND e.state = 'in_flight'
+               ORDER BY e.seq LIMIT 1), m.seq) >= m.seq
     AND coalesce((SELECT e.seq FROM outbox_message AS e
                FORCE INDEX (outbox_message_key_state_idx)
-               WHERE e.key = {{row}}.key AND e.state = 'dead'
-               ORDER BY e.seq LIMIT 1), {{row}}.seq) >= {{row}}.seq)
+               WHERE e.key = m.key AND e.state = 'dead'
+               ORDER BY e.seq LIMIT 1), m.seq) >= m.seq)
 
 -- key_head_skip --
 (coalesce((SELECT e.seq FROM outbox_message AS e
                FORCE INDEX (outbox_message_key_state_idx)
-               WHERE e.key = {{row}}.key AND e.state = 'pending'
-               ORDER BY e.seq LIMIT 1), {{row}}.seq) >= {{row}}.seq
+               WHERE e.key = m.key AND e.state = 'pending'
+               ORDER BY e.seq LIMIT 1), m.seq) >= m.seq
     AND coalesce((SELECT e.seq FROM outbox_message AS e
                FORCE INDEX (outbox_message_key_state_idx)
-               WHERE e.key = {{row}}.key AND e.state = 'in_flight'
-               ORDER BY e.seq LIMIT 1), {{row}}.seq) >= {{row}}.seq)
+               WHERE e.key = m.key AND e.state = 'in_flight'
+               ORDER BY e.seq LIMIT 1), m.seq) >= m.seq)
 
 -- ------------------------------------------------------------------------ claiming
 
@@ -92,7 +92,7 @@ UPDATE outbox_message SET held = true WHERE seq IN :seqs
 -- Runs (see postgres.sql's claim), in two plain reads; the rows a run keeps are locked after them
 -- (lock_followers). First, which of the heads chosen have anything of their key behind them in a
 -- blocking state ({{trails}}: per state, one probe of outbox_message_key_state_idx, as
--- key_head): most have nothing, and a branch of follower costs its parse even when it finds
+-- key_head): most have nothing, and a branch of followers costs its parse even when it finds
 -- nothing.
 SELECT m.seq FROM outbox_message AS m WHERE m.seq IN :seqs AND ({{trails}})
 
@@ -115,21 +115,26 @@ EXISTS (SELECT 1 FROM outbox_message AS e
             FORCE INDEX (outbox_message_key_state_idx)
             WHERE e.key = m.key AND e.state = 'in_flight' AND e.seq > m.seq)
 
--- follower --
+-- follower_ready --
 -- Then, behind each of those, the next :run rows of its key in a blocking state. MariaDB has no
 -- LATERAL and neither server takes a LIMIT in an IN subquery, hence a UNION of branches, two per
 -- head: its pending rows, a range of outbox_message_key_state_idx read in seq order and stopped
 -- at :run (one range over all the states would be a hot key's whole backlog, read and sorted),
--- and its rows in the other blocking states (few, and never ready). mysql.RUN_HEADS heads a
--- statement; {{i}} is the head's place in it, a number the statement is built with,
--- {{states}} the branch's states and {{ok}} whether a row is ready (follower_ok, or false).
-(SELECT {{i}} AS head, seq, {{ok}} AS ok
+-- with whether each is ready; and its rows in the other blocking states (follower_blocked: few,
+-- and never ready). mysql.RUN_HEADS heads a statement; {{i}} is the head's place in it, a number
+-- the statement is built with.
+(SELECT {{i}} AS head, seq,
+        (lease_expires_at IS NULL AND available_at <= {{now}} {{resource_filter}}) AS ok
  FROM outbox_message FORCE INDEX (outbox_message_key_state_idx)
- WHERE `key` = :key_{{i}} AND state IN ({{states}}) AND seq > :seq_{{i}}
+ WHERE `key` = :key_{{i}} AND state = 'pending' AND seq > :seq_{{i}}
  ORDER BY seq LIMIT :run)
 
--- follower_ok --
-(lease_expires_at IS NULL AND available_at <= {{now}} {{resource_filter}})
+-- follower_blocked --
+-- {{others}}: the blocking states but pending, a literal list of the dead-key mode.
+(SELECT {{i}} AS head, seq, false AS ok
+ FROM outbox_message FORCE INDEX (outbox_message_key_state_idx)
+ WHERE `key` = :key_{{i}} AND state IN ({{others}}) AND seq > :seq_{{i}}
+ ORDER BY seq LIMIT :run)
 
 -- lock_followers --
 -- The rows the runs would take, locked where no other claim holds them. A row skipped (locked) or
@@ -198,11 +203,11 @@ SELECT EXISTS (
 -- unpark_next).
 UPDATE outbox_message AS t
 JOIN (
-    SELECT f.seq FROM (
+    SELECT m.seq FROM (
         SELECT `key`, min(seq) AS seq FROM outbox_message
         WHERE state = 'pending' AND held AND `key` IS NOT NULL
         GROUP BY `key`
-    ) AS f
+    ) AS m
     WHERE {{key_head}}
 ) AS u ON t.seq = u.seq
 SET t.held = false
@@ -235,14 +240,14 @@ WHERE {{leased}}
 -- materialised (the inner one is DISTINCT), which is what lets MySQL update the table they read.
 UPDATE outbox_message AS t
 JOIN (
-    SELECT n.seq FROM (
+    SELECT m.seq FROM (
         SELECT DISTINCT d.`key`, (SELECT p.seq FROM outbox_message AS p
                                   FORCE INDEX (outbox_message_key_state_idx)
                                   WHERE p.key = d.key AND p.state = 'pending' AND p.seq > d.seq
                                   ORDER BY p.seq LIMIT 1) AS seq
         FROM outbox_message AS d
         WHERE d.seq IN :lasts
-    ) AS n
+    ) AS m
     WHERE {{key_head}}
 ) AS u ON t.seq = u.seq
 SET t.held = false

@@ -592,3 +592,11 @@ SELECT (SELECT count(*) FROM gone),
 -- BackendKeyData of its own (cancel requests go to it), so the pid the client was given is not
 -- the server's; on a direct connection the two are the same.
 SELECT pg_backend_pid(), current_setting('statement_timeout')
+
+-- ------------------------------------------------------------------------ migrations
+
+-- role_and_schema --
+-- Who a migration that was refused a privilege ran as, the schema it would create the tables in
+-- (NULL: none on its search_path exists or is usable) and the database: the words of the error
+-- the operator is given (Postgres.migration_denied).
+SELECT current_user, current_schema(), current_database()

@@ -1,6 +1,6 @@
 -- Every statement the relay runs on SQLite, named and commented (relay/store/sqlite.py says which
--- is which). Values are always bound; {{blocking}}, {{resource}} and {{let_off}} are the store's
--- configuration (relay/store/queries.py).
+-- is which). Values are always bound; {{blocking}} and {{resource}} are the store's configuration
+-- (relay/store/queries.py).
 --
 -- SQLite has one writer at a time and no data-modifying CTEs, so what is one statement on
 -- PostgreSQL (postgres.sql, where each statement's reasons are given) is a few here, inside one
@@ -33,16 +33,14 @@ strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'), printf('%+.6f seconds', 
 SELECT {{now}} AS now
 
 -- key_head --
--- No earlier message of {{row}}'s key in a blocking state: one probe of outbox_message_key_idx.
--- {{let_off}} is let_off_dead with dead_key "skip", nothing with "hold".
+-- No earlier message of m's key in a blocking state (`m`: the row checked, in every statement
+-- that checks a head): one probe of outbox_message_key_idx, named by its own state list; with
+-- dead_key "skip" the second list (the shorter {{blocking}}) lets the dead off beside it.
 NOT EXISTS (
     SELECT 1 FROM outbox_message AS e
-    WHERE e.key = {{row}}.key AND e.seq < {{row}}.seq AND e.state IN ({{blocking_hold}}) {{let_off}}
+    WHERE e.key = m.key AND e.seq < m.seq AND e.state IN ({{blocking_hold}})
+      AND e.state IN ({{blocking}})
 )
-
--- let_off_dead --
--- The states outside {{blocking}} (dead, with dead_key "skip") do not hold a key back.
-AND NOT (e.state NOT IN ({{blocking}}))
 
 -- ------------------------------------------------------------------------ claiming
 
@@ -175,14 +173,14 @@ RETURNING key, seq
 -- outbox_message_key_idx each, and one more for the head check. mark_published ran first in the
 -- same transaction, so the rows it published block nothing any more. While a run is in flight
 -- the next message is the run's own: nothing is unparked.
-UPDATE outbox_message AS u SET held = false
-WHERE u.seq IN (
+UPDATE outbox_message AS m SET held = false
+WHERE m.seq IN (
     SELECT (SELECT n.seq FROM outbox_message AS n
             WHERE n.key = d.key AND n.seq > d.seq AND n.state IN ({{blocking_hold}})
               AND n.state IN ({{blocking}})
             ORDER BY n.seq LIMIT 1)
     FROM json_each(:lasts) AS j JOIN outbox_message AS d ON d.seq = j.value
-) AND u.state = 'pending' AND u.held AND {{key_head}}
+) AND m.state = 'pending' AND m.held AND {{key_head}}
 
 -- extend_leases --
 -- See postgres.sql. :tokens is a JSON array of UUIDs as SQLite stores them (hex).
