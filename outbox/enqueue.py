@@ -9,38 +9,26 @@ this module's `write` on its connection: one implementation for both.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
     Connection,
-    Insert,
-    Interval,
-    Select,
-    bindparam,
-    func,
-    insert,
-    literal_column,
     select,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from outbox import pg_insert
 from outbox.config import LibrarySettings, settings
+from outbox.databases import Inserts, database_of
 from outbox.dberrors import sqlstate_of
 from outbox.errors import IdempotencyConflict, SchemaMissing
 from outbox.pg_insert import NOTIFY_CHANNEL as NOTIFY_CHANNEL  # the relay LISTENs on it
 from outbox.prepared import Prepared, prepare
 from outbox.ration import NotifyRation
-from outbox.schema import MYSQL, check_supported, is_missing_table, message
+from outbox.schema import is_missing_table, message
 from outbox.sessions import Db, sync_connection
 
 _CALL = "outbox.enqueue"
@@ -145,17 +133,16 @@ def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
     """Insert a prepared message on `conn`, in its current transaction; return the message's id
     (an earlier message's, when its idempotency key is taken). `enqueue_async` runs this too, on
     the sync face of its AsyncConnection, so both translate errors and race the same way."""
-    check_supported(conn.dialect.name)  # before any SQL
-    statements = _statements(conn.dialect.name)
-    notify = statements.notify and _notify_now()
-    if pg_insert.covers(conn, prepared):
-        try:
-            pg_insert.insert_message(conn, prepared, notify=notify)  # the common path
-        except DBAPIError as exc:
-            if is_missing_table(exc):
-                raise SchemaMissing(SchemaMissing.__doc__) from exc
-            raise
-        return prepared.id
+    database = database_of(conn.dialect.name)  # before any SQL
+    statements = database.inserts
+    notify = statements.notify is not None and _notify_now()
+    try:
+        if database.direct_insert(conn, prepared, notify=notify):
+            return prepared.id
+    except DBAPIError as exc:
+        if is_missing_table(exc):
+            raise SchemaMissing(SchemaMissing.__doc__) from exc
+        raise
     params = dict(prepared.params)
     if statements.server_clock:
         params["delay"] = prepared.wait or _ZERO
@@ -170,8 +157,8 @@ def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
             result = prepared.id
         else:
             result = _insert_idempotent(conn, statements, params, prepared.idempotency_key)
-        if notify:
-            conn.exec_driver_sql(f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')")
+        if notify and statements.notify is not None:
+            conn.exec_driver_sql(statements.notify)
         return result
     except DBAPIError as exc:
         if is_missing_table(exc):
@@ -197,79 +184,8 @@ def _notify_now() -> bool:
     return held[1].take(time.monotonic())
 
 
-_HAS_KEY = message.c.idempotency_key.isnot(None)
-_COLUMNS = (
-    "id", "exchange", "routing_key", "payload", "content_type", "headers", "key",
-    "idempotency_key", "priority", "max_attempts", "traceparent", "tracestate",
-)  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class _Statements:
-    insert: Insert
-    # Inserts, or writes nothing when the idempotency key is taken (returning None); on MySQL,
-    # where a taken key fails the INSERT (and only it: InnoDB rolls back the one statement), a
-    # plain INSERT.
-    insert_or_nothing: Insert
-    server_clock: bool
-    notify: bool = False  # PostgreSQL: NOTIFY an idle relay
-    # MySQL: the earlier row of a key read by a locking read, which sees the latest committed
-    # rows whatever the transaction's snapshot (REPEATABLE READ is MySQL's default).
-    existing: Select[tuple[Any]] | None = None
-
-
-@functools.cache
-def _statements(dialect: str) -> _Statements:
-    """Built once per dialect: per call, SQLAlchemy only binds values to a cached compilation."""
-    values: dict[str, Any] = {name: bindparam(name) for name in _COLUMNS}
-    if dialect == "postgresql":
-        # The database clock, the one the relay compares against: an application host whose
-        # clock runs ahead cannot make messages look delayed.
-        now = func.statement_timestamp()
-        values["created_at"] = now
-        values["available_at"] = now + bindparam("delay", type_=Interval())
-        # inline(): no RETURNING of the new seq, which nothing reads and which would need SELECT
-        # on it (relay/store/grants.py: the application reads only id and idempotency_key).
-        plain = insert(message).values(values).inline()
-        pg_guarded = (
-            postgresql.insert(message)
-            .values(values)
-            .on_conflict_do_nothing(index_elements=["idempotency_key"], index_where=_HAS_KEY)
-        )
-        return _Statements(
-            plain, pg_guarded.returning(message.c.id), server_clock=True, notify=True
-        )
-    if dialect in MYSQL:
-        # The server's clock, in UTC, as the relay's statements read it (relay/store/mysql.py).
-        my_now: ColumnElement[Any] = literal_column("UTC_TIMESTAMP(6)")
-        values["created_at"] = my_now
-        values["available_at"] = func.timestampadd(
-            literal_column("MICROSECOND"), bindparam("delay_us", type_=BigInteger()), my_now
-        )
-        plain = insert(message).values(values).inline()
-        existing = (
-            select(message.c.id)
-            .where(message.c.idempotency_key == bindparam("idempotency_key"))
-            .with_for_update(read=True)
-        )
-        return _Statements(plain, plain, server_clock=True, existing=existing)
-    values["created_at"] = bindparam("created_at")
-    values["available_at"] = bindparam("available_at")
-    plain = insert(message).values(values).inline()
-    guarded: Insert
-    if dialect == "sqlite":
-        guarded = (
-            sqlite.insert(message)
-            .values(values)
-            .on_conflict_do_nothing(index_elements=["idempotency_key"], index_where=_HAS_KEY)
-        )
-    else:  # pragma: no cover - other dialects: a duplicate key raises IntegrityError
-        guarded = insert(message).values(values)
-    return _Statements(plain, guarded.returning(message.c.id), server_clock=False)
-
-
 def _insert_idempotent(
-    conn: Connection, statements: _Statements, params: dict[str, Any], idempotency_key: str
+    conn: Connection, statements: Inserts, params: dict[str, Any], idempotency_key: str
 ) -> uuid.UUID:
     if statements.existing is not None:
         return _insert_idempotent_mysql(conn, statements, params, idempotency_key)
@@ -300,7 +216,7 @@ def _insert_idempotent(
 
 
 def _insert_idempotent_mysql(
-    conn: Connection, statements: _Statements, params: dict[str, Any], idempotency_key: str
+    conn: Connection, statements: Inserts, params: dict[str, Any], idempotency_key: str
 ) -> uuid.UUID:
     assert statements.existing is not None
     try:

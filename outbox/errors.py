@@ -66,3 +66,7 @@ class NotInTransaction(OutboxError):
 
 class UnsupportedDatabase(OutboxError):
     """The database is not one the outbox runs on (PostgreSQL, MySQL/MariaDB, SQLite)."""
+
+
+class SchemaConflict(OutboxError):
+    """The database has an outbox table that `migrate` cannot complete."""

@@ -74,11 +74,11 @@ def _rendered(dialect: Dialect, notify: bool) -> _Rendered:
 
 
 def covers(conn: Connection, prepared: Prepared) -> bool:
-    """Whether this path can write `prepared` on `conn` (else Core's path does)."""
+    """Whether this path can write `prepared` on `conn`, a PostgreSQL connection (else Core's
+    path does)."""
     dialect = conn.dialect
     return (
         prepared.idempotency_key is None
-        and dialect.name == "postgresql"
         and dialect.driver in DRIVERS
         # A map would rename the table at execution, which driver SQL does not go through.
         and "schema_translate_map" not in conn.get_execution_options()

@@ -39,7 +39,6 @@ from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.exc import DBAPIError
 
 from outbox.dberrors import sqlstate_of
-from outbox.errors import UnsupportedDatabase
 from outbox.states import ALL_STATES
 
 SCHEMA_VERSION = 6
@@ -255,18 +254,6 @@ OBSOLETE_INDEXES: tuple[Index, ...] = (
         Table("outbox_inbox", _retired, Column("processed_at", _Time)).c.processed_at,
     ),
 )
-
-
-MYSQL = frozenset({"mysql", "mariadb"})  # SQLAlchemy's names for the MySQL family
-SUPPORTED = frozenset({"postgresql", "sqlite"}) | MYSQL
-
-
-def check_supported(dialect: str) -> None:
-    """UnsupportedDatabase, before any SQL, for a database the outbox does not run on."""
-    if dialect not in SUPPORTED:
-        raise UnsupportedDatabase(
-            f"the outbox runs on PostgreSQL, MySQL/MariaDB and SQLite, not {dialect}"
-        )
 
 
 def is_missing_table(exc: DBAPIError) -> bool:

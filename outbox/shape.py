@@ -9,7 +9,8 @@ only as present or absent, since each database reads it back in its own words
 constraints (SQLite cannot add either to an existing table, and the relay needs neither to work),
 and anything extra (an application's own index on an outbox table is its business).
 
-The storage settings and the recorded version are migrate's part (outbox/migrate.py).
+The storage settings and own indexes are each database's (outbox/databases.py), the recorded
+version migrate's (outbox/migrate.py).
 """
 
 from __future__ import annotations

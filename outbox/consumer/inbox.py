@@ -17,28 +17,19 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from sqlalchemy import Connection, Delete, Engine, any_, delete, func, insert, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, Engine, select
 
+from outbox.databases import database_named, database_of
 from outbox.errors import InvalidOption
-from outbox.schema import MYSQL, inbox
+from outbox.schema import inbox
 from outbox.sessions import Db, sync_connection
 
 if TYPE_CHECKING:
     from outbox.async_enqueue import AsyncDb
 
 T = TypeVar("T")
-
-# RETURNING tells whether a row went in (psycopg reports no rowcount for this statement).
-_INSERT = {
-    "postgresql": postgresql.insert(inbox).on_conflict_do_nothing().returning(inbox.c.consumer),
-    "sqlite": sqlite.insert(inbox).on_conflict_do_nothing().returning(inbox.c.consumer),
-}
-# MySQL and MariaDB: IGNORE skips the duplicate and its rowcount says whether a row went in (the
-# values are checked above, so nothing else it would forgive can happen).
-_INSERT_IGNORE = insert(inbox).prefix_with("IGNORE")
 
 
 def process_once(db: Db, *, consumer: str, message_id: str) -> bool:
@@ -103,15 +94,13 @@ def _check(consumer: str, message_id: str) -> None:
 
 def record(conn: Connection, *, consumer: str, message_id: str) -> bool:
     """Insert the inbox row on `conn` (values checked by the caller); whether it went in."""
-    row = {"consumer": consumer, "message_id": message_id, "processed_at": _now()}
-    if conn.dialect.name in MYSQL:
-        return conn.execute(_INSERT_IGNORE, row).rowcount == 1
-    statement: Any = _INSERT.get(conn.dialect.name)
-    if statement is None:
+    database = database_named(conn.dialect.name)
+    if database is None:
         raise InvalidOption(
             f"the inbox supports PostgreSQL, MySQL/MariaDB and SQLite, not {conn.dialect.name}"
         )
-    return conn.execute(statement, row).first() is not None
+    row = {"consumer": consumer, "message_id": message_id, "processed_at": _now()}
+    return database.record_inbox(conn, row)
 
 
 def purge_inbox(
@@ -155,40 +144,12 @@ def purge_batches(
 ) -> Iterator[int]:
     """Delete `consumer`'s rows processed before `cutoff`, one bounded DELETE per batch, and
     yield each batch's count: a caller can stop between batches (see `Consumer`)."""
-    statement = _delete_batch(bind, consumer=consumer, cutoff=cutoff, batch_size=batch_size)
+    statement = database_of(bind.dialect.name).purge_inbox_batch(consumer, cutoff, batch_size)
     while True:
         deleted = _in_transaction(bind, lambda conn: int(conn.execute(statement).rowcount))
         yield deleted
         if deleted < batch_size:
             return
-
-
-def _delete_batch(
-    bind: Engine | Connection, *, consumer: str, cutoff: dt.datetime, batch_size: int
-) -> Delete:
-    # One statement per batch: the subquery picks at most batch_size of this consumer's old rows
-    # through the (consumer, processed_at) index.
-    victims = (
-        select(inbox.c.message_id)
-        .where(inbox.c.consumer == consumer, inbox.c.processed_at < cutoff)
-        .limit(batch_size)
-    )
-    if bind.dialect.name in MYSQL:
-        # MySQL reads no LIMIT in an IN subquery, nor the table it deletes from: the DELETE
-        # takes the bound itself, along the same index.
-        return (
-            delete(inbox)
-            .where(inbox.c.consumer == consumer, inbox.c.processed_at < cutoff)
-            .with_dialect_options(mysql_limit=batch_size, mariadb_limit=batch_size)
-        )
-    chosen: Any = inbox.c.message_id.in_(victims)
-    if bind.dialect.name == "postgresql":
-        # SKIP LOCKED: two instances of one consumer purge at once without waiting on each
-        # other. ARRAY(...) runs the subquery once: as an IN, the planner may rescan it once per
-        # row, and a locking LIMIT rescanned picks new rows each time (the batch is unbounded).
-        locked = victims.with_for_update(skip_locked=True).scalar_subquery()
-        chosen = inbox.c.message_id == any_(func.array(locked))
-    return delete(inbox).where(inbox.c.consumer == consumer, chosen)
 
 
 def _consumers(conn: Connection) -> list[str]:

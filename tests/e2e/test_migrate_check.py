@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy import Engine, delete, insert, inspect, text
 
 import outbox
-from outbox.migrate import AUTOVACUUM_SETTINGS, inspect_schema
+from outbox.databases import AUTOVACUUM_SETTINGS
+from outbox.migrate import inspect_schema
 from outbox.schema import SCHEMA_VERSION, schema_version
 from relay.runtime.runner import check_schema
 from relay.store.sql_store import open_store

@@ -31,7 +31,8 @@ from sqlalchemy.schema import CreateTable
 
 import outbox
 import outbox.alembic
-from outbox.migrate import AUTOVACUUM_SETTINGS, current_version, inspect_schema
+from outbox.databases import AUTOVACUUM_SETTINGS
+from outbox.migrate import current_version, inspect_schema
 from outbox.schema import SCHEMA_VERSION, schema_version
 from outbox.shape import Gap, Kind, Shape
 from relay.errors import SchemaNotFound

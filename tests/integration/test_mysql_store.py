@@ -18,7 +18,8 @@ from sqlalchemy import Engine, create_engine, inspect, select
 from sqlalchemy.engine import make_url
 
 import outbox
-from outbox.migrate import MYSQL_INDEXES, inspect_schema
+from outbox.databases import MYSQL_INDEXES
+from outbox.migrate import inspect_schema
 from outbox.schema import message, schema_version
 from relay.core.bucket import Bucket
 from relay.errors import DatabaseUnavailable

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, event, func, insert, select, text, update
 
 import outbox
-from outbox import migrate
+from outbox import databases, migrate
 from outbox.ids import new_id
 from outbox.schema import attempt, message
 from relay.cli import main as cli
@@ -377,7 +377,7 @@ def test_storage_settings_set_the_reloptions(pg_url: str, pg_engine: Engine) -> 
             migrate.apply_storage_settings(conn)
     assert reloptions(pg_engine, pg_schema(pg_url)) == {
         table: {k: float(v) for k, v in params.items()}
-        for table, params in migrate.AUTOVACUUM_SETTINGS.items()
+        for table, params in databases.AUTOVACUUM_SETTINGS.items()
     }
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox import migrate
+from outbox import databases
 from outbox.ids import new_id
 from relay.cli import retention as retention_cli
 from relay.cli.main import _Parser
@@ -174,13 +174,13 @@ def test_batches_are_ordered_by_id_and_limited() -> None:
 
 
 def test_storage_settings_render_the_documented_statements() -> None:
-    assert migrate.STORAGE_SETTINGS_SQL[0] == (
+    assert databases.STORAGE_SETTINGS_SQL[0] == (
         "ALTER TABLE outbox_message SET (autovacuum_vacuum_scale_factor = 0.01, "
         "autovacuum_vacuum_threshold = 1000, autovacuum_analyze_scale_factor = 0.02, "
         "autovacuum_vacuum_cost_delay = 1)"
     )
-    assert migrate.STORAGE_SETTINGS_SQL[1].startswith("ALTER TABLE outbox_attempt SET (")
-    assert all("fillfactor" not in s for s in migrate.STORAGE_SETTINGS_SQL)
+    assert databases.STORAGE_SETTINGS_SQL[1].startswith("ALTER TABLE outbox_attempt SET (")
+    assert all("fillfactor" not in s for s in databases.STORAGE_SETTINGS_SQL)
 
 
 # --------------------------------------------------------------------------- CLI arguments

@@ -68,7 +68,7 @@ AND (:only IS NULL OR {{resource}} = :only)
 
 -- candidates --
 -- The candidates, best first, locked: ready rows in claim order, keyed and unkeyed together, read
--- along outbox_message_claim_idx (outbox/migrate.py). SKIP LOCKED: a row another relay is
+-- along outbox_message_claim_idx (outbox/databases.py). SKIP LOCKED: a row another relay is
 -- claiming right now is not a candidate. A keyed row becomes a head or is parked (heads, park),
 -- as on PostgreSQL; at most :scan rows are looked at.
 SELECT seq, `key`, lease_expires_at IS NOT NULL AS suspect,
