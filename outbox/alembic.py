@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from outbox.migrate import storage_settings_sql
+from outbox.migrate import storage_settings_sql, suspect_marks
 from outbox.schema import metadata
 
 if TYPE_CHECKING:
@@ -62,4 +62,13 @@ def apply_storage_settings(op: Operations) -> None:
     `outbox-relay migrate` gives them (PostgreSQL; nothing on other databases). Works offline
     (`alembic upgrade --sql`) too: the statements are emitted, not run here."""
     for statement in storage_settings_sql(op.get_context().dialect.name):
+        op.execute(statement)
+
+
+def mark_suspects(op: Operations) -> None:
+    """In the Alembic migration that adds `outbox_message.suspect` (schema 7): give the rows
+    that relays of schema 6 left as suspects, or in flight as such, their mark, as
+    `outbox-relay migrate` does when it adds the column. Run it right after the column is added;
+    it also works offline (`alembic upgrade --sql`)."""
+    for statement in suspect_marks():
         op.execute(statement)

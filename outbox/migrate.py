@@ -5,29 +5,36 @@ it creates missing tables, indexes and unique constraints, adds missing columns,
 autovacuum settings, rebuilds an index whose definition changed, drops an index a later version
 replaced, and records the version. So one path upgrades a schema `migrate` made, completes one
 an Alembic migration made from `outbox.metadata` (which records no version), and changes nothing
-on a complete one. A future change that adding cannot express (a backfill, a type change) gets a
-numbered step of its own here, run before the comparison.
+on a complete one. A column added to rows already there that needs values of their own gets a
+backfill (BACKFILLS), run right after the column is added, in the same transaction; a future change
+that adding cannot express at all (a type change) gets a step of its own here.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 from sqlalchemy import (
     Connection,
     Engine,
     Index,
     Table,
+    Update,
+    case,
     func,
     inspect,
     select,
+    update,
 )
 from sqlalchemy.schema import CreateColumn, DropIndex
 
 from outbox import schema
 from outbox.databases import alter_storage, database_named, database_of
 from outbox.errors import SchemaConflict
+from outbox.schema import message
 from outbox.shape import Kind, Shape, structural_gaps
+from outbox.states import STAMP_ALONE, STAMP_GROUPED, STAMP_SOLITARY, State, Suspect
 
 __all__ = ["SchemaConflict", "apply_storage_settings", "inspect_schema", "upgrade"]
 
@@ -46,6 +53,40 @@ def apply_storage_settings(conn: Connection) -> None:
     commits."""
     for statement in storage_settings_sql(conn.dialect.name):
         conn.exec_driver_sql(statement)
+
+
+def suspect_marks() -> tuple[Update, ...]:
+    """The UPDATEs that give outbox_message.suspect its value on rows that relays of schema 6
+    marked in their own way (outbox.states' STAMP_* texts, and a pending row's lease_expires_at):
+    the suspects waiting to be claimed, those in flight, and those that died of crashes (which a
+    replay makes suspects again). One per state, so each reads through that state's index."""
+    m = message.c
+    alone = m.last_error.in_([STAMP_SOLITARY, STAMP_ALONE])
+    which = case((alone, Suspect.ALONE.value), else_=Suspect.GROUP.value)
+    marked = m.suspect.is_(None)
+    return (
+        update(message)
+        .where(m.state == State.PENDING.value, m.lease_expires_at.isnot(None), marked)
+        .values(suspect=which),
+        update(message)
+        .where(m.state == State.IN_FLIGHT.value, m.last_error.in_([STAMP_ALONE, STAMP_GROUPED]))
+        .where(marked)
+        .values(suspect=which),
+        update(message)
+        .where(m.state == State.DEAD.value, m.lease_expires_at.isnot(None), marked)
+        .values(suspect=Suspect.GROUP.value),
+    )
+
+
+def _mark_suspects(conn: Connection) -> None:
+    for statement in suspect_marks():
+        conn.execute(statement)
+
+
+# What the rows already there get when a column is added (see the module's docstring).
+BACKFILLS: dict[tuple[str, str], Callable[[Connection], None]] = {
+    (message.name, "suspect"): _mark_suspects,
+}
 
 
 def current_version(conn: Connection) -> int:
@@ -80,6 +121,9 @@ def complete(conn: Connection, shape: Shape) -> None:
         elif gap.kind is Kind.COLUMNS:
             for name in gap.names:
                 _add_column(conn, table, name)
+                backfill = BACKFILLS.get((gap.table, name))
+                if backfill is not None:
+                    backfill(conn)
         elif gap.kind is Kind.UNIQUE:
             database.add_unique(conn, table, gap.names)
         elif gap.kind is Kind.INDEX and gap.names[0] in database.own_indexes:

@@ -41,7 +41,7 @@ from sqlalchemy.exc import DBAPIError
 from outbox.dberrors import sqlstate_of
 from outbox.states import ALL_STATES
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 metadata = MetaData()
 """The SQLAlchemy `MetaData` of every outbox table, index and constraint.
@@ -108,6 +108,9 @@ message = Table(
     Column("replayed_at", _Time, nullable=True),
     Column("traceparent", String(55), nullable=True),
     Column("tracestate", String(512), nullable=True),
+    # A message whose relay died holding it: how it is claimed (outbox.states.Suspect, 'group'
+    # or 'alone'); NULL for every other. Read with the row, never through an index.
+    Column("suspect", String(8), nullable=True),
     CheckConstraint(f"state IN ({_states_sql})", name="outbox_message_state_check"),
     # Per-key order: "is there an earlier unfinished message for this key?" is one probe here.
     Index(

@@ -1,4 +1,4 @@
-"""Message states, shared by the library, the relay and the operator commands."""
+"""Message states and suspects, shared by the library, the relay and the operator commands."""
 
 from __future__ import annotations
 
@@ -27,3 +27,28 @@ class State(StrEnum):
 
 
 ALL_STATES: tuple[str, ...] = tuple(s.value for s in State)
+
+
+class Suspect(StrEnum):
+    """How a message whose relay died while it was in flight is claimed, as stored in its row's
+    `suspect` column (NULL for every other message). The relay claims a suspect apart from
+    every other message, and publishes it with nothing else in flight, so that a message that
+    kills its relay takes only itself down (relay/core/suspects.py holds the rules).
+
+    - `group`: claimed with other suspects only;
+    - `alone`: claimed by itself.
+
+    A claim leaves the column as it is: while in flight it says how the row was claimed.
+    """
+
+    GROUP = "group"
+    ALONE = "alone"
+
+
+# Relays of release 0.2.0 (schema 6) know a suspect by a pending row's lease_expires_at and its
+# isolation by these texts in last_error. Relays write both beside the suspect column, so that
+# such relays running beside them isolate crashes as before (docs/operations/upgrading.md), and
+# migrate reads them once, when it adds the column.
+STAMP_GROUPED = "claimed with other suspects only: the last lease on it ended before it settled"
+STAMP_SOLITARY = "to be claimed alone: its relay died while it was in flight with other suspects"
+STAMP_ALONE = "claimed alone: the last lease on it ended before it settled (its relay died)"

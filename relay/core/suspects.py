@@ -1,44 +1,51 @@
 """Crash isolation, row by row: which of a claim's candidates are taken, what taking a lease back
-does to a row, what giving a row back does to its stamp, and the reasons recorded. Pure values
-and functions; MySQL and SQLite read their rows, call these and apply the results, and
-PostgreSQL's single statements are checked against them on generated cases
-(tests/integration/test_suspects_match_core.py).
+does to a row, and the reasons recorded. Pure values and functions: every store reads the rows
+whose lease it takes back, calls `reclaim` for each and writes the results back in one batched
+statement (relay/store/rescuer.py); the SQL holds no policy.
 
 SUSPECTS. A row whose lease ended without a settlement (its relay died, or crashed, holding it)
 may be what killed the relay, or may have been in flight beside it. Such a row goes back to
-pending as a *suspect*: its lease_expires_at stays set (every other pending row has none).
-Suspects are isolated in two steps, each published with nothing else in flight on its relay:
+pending as a *suspect* (its `suspect` column, outbox.states.Suspect). Suspects are isolated in two
+steps, each published with nothing else in flight on its relay:
 
-1. A suspect is claimed with other suspects only, at most `group` of them, and stamped GROUPED
-   in last_error (which nothing else writes while a row is in flight). Nearly always its relay
-   was simply killed or restarted, and the whole group is delivered at once.
-2. If a relay dies again holding a group, each of its rows becomes SOLITARY (last_error, while
-   pending): claimed alone, stamped ALONE. A row claimed alone whose lease ends unsettled is
-   charged the attempt (and dies past its attempts); any other row is charged nothing.
+1. A suspect is claimed with other suspects only, at most `group` of them (Suspect.GROUP). Nearly
+   always its relay was simply killed or restarted, and the whole group is delivered at once.
+2. If a relay dies again holding a group, each of its rows is claimed alone next
+   (Suspect.ALONE). A row claimed alone whose lease ends unsettled is charged the attempt (and
+   dies past its attempts); any other row is charged nothing.
 
 So a message that kills every relay that claims it dead-letters itself alone, after one crash in
 a batch, one in a group and then its attempts alone; the rows beside it are delivered. Two steps
 rather than halving the group at each crash: a crash costs a restart (seconds, and a growing
 back-off under an orchestrator), publishing one row alone costs milliseconds.
+
+A claim leaves the suspect column as it is, so while a row is in flight it says how the row was
+claimed; settling a row (published, retried, dead by a settlement) clears it. Beside the column,
+rows carry what relays of schema 6 read (outbox.states, STAMP_*): `Choice.stamp` and the
+`last_error` of `Reclaimed` are those texts where such a relay needs them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-# The stamps, in last_error.
-GROUPED = "claimed with other suspects only: the last lease on it ended before it settled"
-SOLITARY = "to be claimed alone: its relay died while it was in flight with other suspects"
-ALONE = "claimed alone: the last lease on it ended before it settled (its relay died)"
+from outbox.states import STAMP_ALONE, STAMP_GROUPED, STAMP_SOLITARY, Suspect
+
+# The texts written beside the suspect column for relays of schema 6 (see the module's docstring).
+GROUPED = STAMP_GROUPED
+SOLITARY = STAMP_SOLITARY
+ALONE = STAMP_ALONE
+
+# The failure class of every attempt a lease taken back records: the broker may or may not have
+# the message.
+AMBIGUOUS = "ambiguous"
 
 # ------------------------------------------------------------------------ reasons
 
-# Why a lease was taken back, as the attempt record (and a row that is not a suspect's
-# last_error) says it. Templates, so that PostgreSQL's statements can build the same text in SQL
-# (relay/store/common.py, reason_sql); the functions below fill them in Python.
+# Why a lease was taken back, as the attempt record (and the row's last_error) says it.
 EXPIRED = "lease held by {owner} expired before it settled"
 EARLIER_RUN = "lease held by an earlier run of {relay}, which stopped before it settled"
 DEAD_RELAY = "relay {owner} stopped beating (no heartbeat for {seconds} s) before it settled"
@@ -69,9 +76,14 @@ def crashed(relay_id: str, why: str) -> str:
 
 
 def seconds(value: float) -> str:
-    """A number of seconds as PostgreSQL writes a float8 as text: shortest, no trailing .0."""
+    """A number of seconds, shortest: no trailing .0 (3, 0.5, 2.25)."""
     number = float(value)
     return str(int(number)) if number.is_integer() else repr(number)
+
+
+def suspect_of(stored: str | None) -> Suspect | None:
+    """A row's suspect column as read (an unknown value counts as none)."""
+    return Suspect(stored) if stored in (Suspect.GROUP.value, Suspect.ALONE.value) else None
 
 
 # ------------------------------------------------------------------------ claiming
@@ -83,13 +95,14 @@ class Candidate:
 
     seq: int
     key: str | None
-    suspect: bool  # pending with a lease_expires_at: its last lease ended unsettled
-    solitary: bool  # a suspect stamped SOLITARY: to be claimed alone
+    suspect: bool  # its suspect column is set: its last lease ended unsettled
+    solitary: bool  # a suspect to be claimed alone (Suspect.ALONE)
 
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """The rows a claim takes, in claim order, and the stamp it writes on them."""
+    """The rows a claim takes, in claim order, and the text it writes in their last_error for
+    relays of schema 6."""
 
     chosen: tuple[Candidate, ...]
     stamp: str | None  # ALONE or GROUPED when suspects are taken; None: last_error is kept
@@ -129,17 +142,17 @@ Outcome = Literal["deferred", "retry", "dead"]
 
 @dataclass(frozen=True, slots=True)
 class Leased:
-    """A row in flight whose lease is being taken back (or given back), as read."""
+    """A row in flight whose lease is being taken back, as read."""
 
     seq: int
-    last_error: str | None  # its stamp, if it is a suspect claimed as one
+    suspect: Suspect | None  # how it was claimed, if as a suspect
     attempts: int  # counting the claim that leased it
     max_attempts: int | None  # the row's own; None: the relay's default
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """The attempt record (outbox_attempt) of a lease taken back; its class is ambiguous."""
+    """The attempt record (outbox_attempt) of a lease taken back; its class is AMBIGUOUS."""
 
     attempt: int
     outcome: Outcome
@@ -150,75 +163,33 @@ class Record:
 @dataclass(frozen=True, slots=True)
 class Reclaimed:
     """What taking a lease back does to a row. The lease (owner, token) is cleared and
-    last_failed_at is `now`; lease_expires_at stays, the suspect's mark; available_at stays,
-    so the row keeps its place in line."""
+    last_failed_at is `now`; available_at stays, so the row keeps its place in line, and so does
+    lease_expires_at, a pending suspect's mark for relays of schema 6."""
 
     seq: int
     state: Literal["pending", "dead"]
     attempts: int
-    last_error: str
+    suspect: Suspect  # how it is claimed next (a dead one, if an operator replays it)
+    last_error: str  # the reason; SOLITARY (schema 6's mark) for a suspect to be claimed alone
     record: Record
-
-    @property
-    def change(self) -> tuple[str, int, str]:
-        """The columns it writes: rows with the same change are written by one statement."""
-        return self.state, self.attempts, self.last_error
 
 
 def reclaim(row: Leased, *, reason: str, max_attempts: int, now: dt.datetime) -> Reclaimed:
     """Take back a row whose lease ended unsettled. Which message killed the relay is unknown
     unless it was alone: a row claimed alone is charged the attempt and goes to dead once it
     has used up its attempts (its own max_attempts, else `max_attempts`, the relay's default);
-    any other is charged nothing (the claim's attempt is given back). Every row not dead is a
-    suspect now: one that was in a group or alone becomes solitary, the rest stay suspects to be
-    claimed in groups, their last_error the reason."""
-    alone = row.last_error == ALONE
-    if alone:
-        dies = row.attempts >= (row.max_attempts if row.max_attempts is not None else max_attempts)
-        outcome: Outcome = "dead" if dies else "retry"
-        return Reclaimed(
-            seq=row.seq,
-            state="dead" if dies else "pending",
-            attempts=row.attempts,
-            last_error=reason if dies else SOLITARY,
-            record=Record(row.attempts, outcome, reason, None if dies else now),
-        )
+    any other is charged nothing (the claim's attempt is given back). Every row taken back is a
+    suspect: one that was in a group or alone is claimed alone next, the rest in groups; one
+    that dies is a suspect in groups again if an operator replays it."""
+    if row.suspect is Suspect.ALONE:
+        allowed = row.max_attempts if row.max_attempts is not None else max_attempts
+        if row.attempts >= allowed:
+            record = Record(row.attempts, "dead", reason, None)
+            return Reclaimed(row.seq, "dead", row.attempts, Suspect.GROUP, reason, record)
+        record = Record(row.attempts, "retry", reason, now)
+        return Reclaimed(row.seq, "pending", row.attempts, Suspect.ALONE, SOLITARY, record)
     attempts = max(row.attempts - 1, 0)
-    return Reclaimed(
-        seq=row.seq,
-        state="pending",
-        attempts=attempts,
-        last_error=SOLITARY if row.last_error == GROUPED else reason,
-        record=Record(attempts + 1, "deferred", reason, now),
-    )
-
-
-def by_change(reclaimed: Iterable[Reclaimed]) -> dict[tuple[str, int, str], list[int]]:
-    """The seqs of each distinct change, in the order first met: rows taken back together
-    mostly change alike (one relay's rows, claimed once), so these are few statements."""
-    changes: dict[tuple[str, int, str], list[int]] = {}
-    for r in reclaimed:
-        changes.setdefault(r.change, []).append(r.seq)
-    return changes
-
-
-# ------------------------------------------------------------------------ giving rows back
-
-
-@dataclass(frozen=True, slots=True)
-class Released:
-    """What giving a row back unsent does to it: pending again, the claim's attempt given back
-    (it never happened). A suspect stays one (`suspect`: lease_expires_at is set, to now), and
-    one claimed alone stays solitary; any other row's last_error is the reason given."""
-
-    attempts: int
-    last_error: str
-    suspect: bool
-
-
-def release(row: Leased, *, error: str) -> Released:
-    return Released(
-        attempts=max(row.attempts - 1, 0),
-        last_error=SOLITARY if row.last_error == ALONE else error,
-        suspect=row.last_error in (ALONE, GROUPED),
-    )
+    record = Record(attempts + 1, "deferred", reason, now)
+    if row.suspect is Suspect.GROUP:
+        return Reclaimed(row.seq, "pending", attempts, Suspect.ALONE, SOLITARY, record)
+    return Reclaimed(row.seq, "pending", attempts, Suspect.GROUP, reason, record)

@@ -1,15 +1,12 @@
 """The Python side of relay/store/sql/common.sql: the configuration values the statements take
-(blocking states, resource parts), the suspects' stamps bound into them, and the shared texts under
-the names the dialects and counting.py use. The SQL itself, and why each statement is written as it
-is, is in common.sql; nothing here is a value: every value is bound.
+(blocking states, resource parts) and the texts bound beside the suspect column. The SQL itself,
+and why each statement is written as it is, is in common.sql; nothing here is a value: every value
+is bound.
 """
 
 from __future__ import annotations
 
-import string
-import uuid
 from collections.abc import Mapping
-from typing import Any
 
 from relay.core import suspects
 from relay.store import queries
@@ -30,39 +27,13 @@ def blocking_states(*, hold: bool) -> str:
 
 # ------------------------------------------------------------------------ crash isolation
 
-# The suspects' stamps (relay/core/suspects.py holds the rules), bound into the statements that
-# claim, give back and take back rows.
+# Suspects are claimed apart from every other row: relay/core/suspects.py holds the rules, the
+# suspect column (outbox.states.Suspect) says how each is claimed. GROUPED, SOLITARY and ALONE
+# are the texts relays of schema 6 read in last_error instead: SqlStore binds them into the
+# statements that claim and give back rows, and the rescuer's decisions carry them.
 GROUPED = suspects.GROUPED
 SOLITARY = suspects.SOLITARY
 ALONE = suspects.ALONE
-
-
-def reason_sql(template: str, **fields: str) -> str:
-    """One of relay/core/suspects.py's reason templates as a SQL text expression (||): its
-    literal parts quoted, each field the SQL expression given for it. So a statement that takes
-    leases back in SQL (postgres.sql's reclaim) writes the core's text."""
-    parts: list[str] = []
-    for literal, name, _, _ in string.Formatter().parse(template):
-        if literal:
-            parts.append("'" + literal.replace("'", "''") + "'")
-        if name is not None:
-            parts.append(fields[name])
-    return " || ".join(parts)
-
-
-def reclaim_attempt(
-    message_id: uuid.UUID, record: suspects.Record, params: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The binds of a dialect's RECORD_ATTEMPT for a row taken back (MySQL, SQLite)."""
-    return {
-        **params,
-        "message_id": message_id,
-        "attempt": record.attempt,
-        "failure_class": "ambiguous",
-        "outcome": record.outcome,
-        "error": record.error,
-        "next_at": record.next_attempt_at,
-    }
 
 
 # ------------------------------------------------------------------------ resources

@@ -19,11 +19,13 @@ from typing import Any, ClassVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from outbox.dberrors import DbFailure, classify_db_error, sqlstate_of
 from relay.ports import TableHealth
 from relay.store import common
 from relay.store.estimates import TableStats
 from relay.store.queries import Queries
 from relay.store.statements import Statements, build, sql_of
+from relay.store.transitions import Attempt, Transition, as_json
 
 
 class Dialect(ABC):
@@ -106,10 +108,11 @@ class Dialect(ABC):
         return found
 
     @classmethod
-    @abstractmethod
     def is_transient(cls, exc: DBAPIError) -> bool:
         """Whether the error means the database is unavailable for now (retry later), as opposed
-        to a statement that will fail the same way every time."""
+        to a statement that will fail the same way every time. By SQLSTATE (a MySQL error number
+        read as one), never by message text: outbox/dberrors.py holds the rule."""
+        return classify_db_error(sqlstate_of(exc.orig)) is DbFailure.TRANSIENT
 
     def migration_denied(self, engine: Engine, exc: DBAPIError, sqlstate: str) -> str:
         """What a role that `migrate` was refused a privilege lacks (`sqlstate` 42501, or 3F000:
@@ -122,7 +125,14 @@ class Dialect(ABC):
         cls, *, pool_size: int, statement_timeout: float | None, pool_timeout: float
     ) -> dict[str, Any]:
         """create_engine's arguments for a relay engine of this database (statement_timeout in
-        seconds, None for none)."""
+        seconds, None for none): by default a pool of `pool_size` and two more at a peak, and
+        the database's own (connection_options)."""
+        pool = {"pool_size": pool_size, "max_overflow": 2, "pool_timeout": pool_timeout}
+        return {**pool, **cls.connection_options()}
+
+    @classmethod
+    def connection_options(cls) -> dict[str, Any]:
+        """create_engine's arguments of this database's own (connect_args, ...)."""
         return {}
 
     @classmethod
@@ -138,17 +148,18 @@ class Dialect(ABC):
         statement timeout the server applies by itself ("0": none)."""
         return None
 
-    @abstractmethod
     def bind_list(self, values: Iterable[Any]) -> Any:
-        """A list as this database binds it."""
+        """A list as this database binds it: a list, a UUID in it as its 32 hex digits."""
+        return [v.hex if isinstance(v, uuid.UUID) else v for v in values]
 
     @abstractmethod
     def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         """Lease up to :limit ready rows; return them with CLAIMED_COLUMNS (in no set order).
 
-        When the best candidates include a solitary suspect, only that one is claimed (stamped
-        :alone); else when they include suspects, only those, at most :group (stamped :grouped;
-        common.GROUPED, SOLITARY, ALONE). The last column says whether a row is a suspect.
+        When the best candidates include a suspect to be claimed alone, only that one is
+        claimed; else when they include suspects, only those, at most :group
+        (relay/core/suspects.py, choose; :alone or :grouped in last_error for relays of schema
+        6). The last column says whether a row is a suspect.
 
         params: owner, token, limit, scan (keyed candidates looked at), lease_seconds,
         exclude (resource parts passed by), only (the one part wanted, or None), group, alone,
@@ -177,19 +188,21 @@ class Dialect(ABC):
         error) where :token holds the row, and write one outbox_attempt row per row changed;
         return how many changed. params: token, relay_id, now."""
 
-    @abstractmethod
-    def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
-        """Return rows whose lease expired to pending as suspects (a row claimed alone: dead
-        past its attempts), recording an ambiguous attempt for each; return how many.
-        params: relay_id, max_attempts, alone, now."""
-
-    @abstractmethod
-    def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
-        """What reclaim_expired does to an expired lease, now, to the rows :token holds (their
-        relay is crashing). params: token, error, relay_id, max_attempts, alone, now."""
-
-    # Liveness (common.BEAT). The reclaims take the params of reclaim_expired, and every one of
-    # them also alone, grouped and solitary.
+    def write_back(
+        self,
+        conn: Connection,
+        rows: Sequence[Transition],
+        records: Sequence[Attempt],
+        params: Mapping[str, Any],
+    ) -> int:
+        """Inside the caller's transaction: rows' new values decided in Python and their attempt
+        records, each in one statement for them all (relay/store/transitions.py); how many rows
+        changed. params: now, relay_id."""
+        binds = {"now": params["now"], "relay_id": params["relay_id"]}
+        changed = conn.execute(self.sql.transition_rows, {**binds, "rows": as_json(rows)})
+        if records:
+            conn.execute(self.sql.record_attempts, {**binds, "records": as_json(records)})
+        return int(changed.rowcount)
 
     def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
         """Insert or take over :relay_id's heartbeat row for a new run; return its started_at.
@@ -202,17 +215,6 @@ class Dialect(ABC):
         params: relay_id, started_at, now. (MySQL counts matched rows, not changed ones:
         SQLAlchemy connects with CLIENT_FOUND_ROWS.)"""
         return int(conn.execute(self.sql.beat, params).rowcount) == 1
-
-    @abstractmethod
-    def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
-        """What reclaim_expired does, to every row leased to :relay_id (an earlier run of this
-        relay id left them: the running one holds none yet)."""
-
-    @abstractmethod
-    def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
-        """Delete the rows of relays, other than :relay_id, last seen more than :dead_after
-        seconds ago, and do what reclaim_expired does to the rows they leased; return those
-        relays and how many rows. params: dead_after and reclaim_expired's."""
 
     @abstractmethod
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:

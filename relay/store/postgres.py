@@ -3,14 +3,15 @@ common.sql) is which, and the few things a statement cannot say. The SQL, and th
 each statement, are in the .sql file.
 
 Each runs as a single statement in autocommit mode: one round trip, and no transaction left open
-between a claim and its settlement (the lease, not a lock, protects the row in between). The one
-exception is a resource change (circuits, rate buckets), a read and a write under FOR UPDATE.
+between a claim and its settlement (the lease, not a lock, protects the row in between). The
+exceptions are a resource change (circuits, rate buckets), a read and a write under FOR UPDATE,
+and taking leases back, the same on every database (relay/store/rescuer.py).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
@@ -18,28 +19,14 @@ from typing import Annotated, Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from outbox.dberrors import DbFailure, classify_db_error
 from outbox.enqueue import NOTIFY_CHANNEL
-from relay.core import suspects
 from relay.ports import TableHealth
-from relay.store import common, queries
+from relay.store import queries
 from relay.store.dialect import Dialect
 from relay.store.estimates import TableStats, shares
 from relay.store.statements import CLAIMED_COLUMNS, Compiled, Query, Statements
 
 SQL = queries.load("common", "postgres")
-
-# Why reclaim took each lease back: relay/core/suspects.py's texts, built in SQL.
-_OWNER = f"coalesce(expired.lease_owner, '{suspects.UNKNOWN_OWNER}')"
-
-
-def _reclaim(
-    rows: str, error: str, *, before: str = "", result: str = "{{reclaimed_count}}"
-) -> Query:
-    """postgres.sql's reclaim, taking back `rows` for the reason `error`."""
-    return Query(
-        "reclaim", fill={"before": before, "where": rows, "error": error, "result": result}
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,24 +37,6 @@ class PostgresStatements(Statements):
     claim_run: Annotated[Compiled, Query("claim_run", CLAIMED_COLUMNS)]
     mark_published: Annotated[Compiled, Query("mark_published")]
     settle_failures: Annotated[Compiled, Query("settle_failures")]
-    reclaim_expired: Annotated[
-        Compiled,
-        _reclaim("{{reclaim_expired}}", common.reason_sql(suspects.EXPIRED, owner=_OWNER)),
-    ]
-    abandon: Annotated[Compiled, _reclaim("{{abandoned}}", ":error")]
-    reclaim_owner: Annotated[
-        Compiled,
-        _reclaim("{{reclaim_owner}}", common.reason_sql(suspects.EARLIER_RUN, relay=":relay_id")),
-    ]
-    reclaim_dead: Annotated[
-        Compiled,
-        _reclaim(
-            "{{reclaim_dead_rows}}",
-            common.reason_sql(suspects.DEAD_RELAY, owner=_OWNER, seconds=":dead_after"),
-            before="{{reclaim_dead}}",
-            result="{{reclaim_dead_result}}",
-        ),
-    ]
     purge_batch: Annotated[Compiled, Query("purge_batch")]
     # Around the counting statements (Postgres.reading, table_stats, table_health).
     table_size: Annotated[Compiled, Query("table_size")]
@@ -156,19 +125,8 @@ class Postgres(Dialect):
     sql: PostgresStatements
 
     @classmethod
-    def is_transient(cls, exc: DBAPIError) -> bool:
-        # By SQLSTATE, never by message text (outbox/dberrors.py holds the rule).
-        sqlstate = getattr(exc.orig, "sqlstate", None)
-        return classify_db_error(sqlstate) is DbFailure.TRANSIENT
-
-    @classmethod
-    def engine_options(
-        cls, *, pool_size: int, statement_timeout: float | None, pool_timeout: float
-    ) -> dict[str, Any]:
+    def connection_options(cls) -> dict[str, Any]:
         return {
-            "pool_size": pool_size,
-            "max_overflow": 2,
-            "pool_timeout": pool_timeout,
             "connect_args": {
                 "connect_timeout": 5,
                 # A startup parameter, which PgBouncer restores on each server connection it
@@ -213,9 +171,6 @@ class Postgres(Dialect):
             "owner's privileges): migrate as the role that created them"
         )
 
-    def bind_list(self, values: Iterable[Any]) -> list[Any]:
-        return [v.hex if isinstance(v, uuid.UUID) else v for v in values]
-
     def claim(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         return conn.execute(self.sql.claim, params).all()
 
@@ -241,19 +196,6 @@ class Postgres(Dialect):
             "errors": column("error"),
         }
         return conn.execute(self.sql.settle_failures, {**params, **arrays}).rowcount
-
-    def reclaim_expired(self, conn: Connection, params: dict[str, Any]) -> int:
-        return int(conn.execute(self.sql.reclaim_expired, params).scalar_one())
-
-    def abandon(self, conn: Connection, params: dict[str, Any]) -> int:
-        return int(conn.execute(self.sql.abandon, params).scalar_one())
-
-    def reclaim_owner(self, conn: Connection, params: dict[str, Any]) -> int:
-        return int(conn.execute(self.sql.reclaim_owner, params).scalar_one())
-
-    def reclaim_dead(self, conn: Connection, params: dict[str, Any]) -> tuple[list[str], int]:
-        relays, count = conn.execute(self.sql.reclaim_dead, params).one()
-        return list(relays), int(count)
 
     def purge_batch(self, conn: Connection, params: dict[str, Any]) -> tuple[int, uuid.UUID | None]:
         count, last = conn.execute(self.sql.purge_batch, params).one()

@@ -16,16 +16,18 @@ means one text.
 
 `{{name}}` is the one placeholder. It is filled, in this order, with:
 
-1. a value of the statement's own (`fill`: text in this same syntax, such as the rows one of
-   several reclaims takes, or a text relay/core writes),
-2. a value of the store's configuration (`config`: the literal list of blocking states of the
-   dead-key mode, the resource expression of the circuit scope: see Dialect.__init__),
+1. a value of the statement's own (`fill`: literal SQL, such as a head's place among the runs'
+   followers),
+2. a value of the store's configuration (`config`: literal SQL too: the list of blocking states
+   of the dead-key mode, the resource expression of the circuit scope; see Dialect.__init__),
 3. a block of the dialect's file or of common.sql: a fragment, filled in the same way.
 
-Braces never appear doubled in SQL, and `:name` stays what it is everywhere else: a bound value.
-A block defined twice is an error when the files are read; a placeholder nothing fills, a `fill`
-value no placeholder takes, and a configuration value no statement takes (dialect.build), when
-the statements are built: once per store configuration, never per call.
+A value is SQL, never another placeholder: what a statement says can be read from its blocks, and
+`outbox-relay sql` prints it whole. Braces never appear doubled in SQL, and `:name` stays what it
+is everywhere else: a bound value. A block defined twice is an error when the files are read; a
+placeholder nothing fills, a value that holds a placeholder, a `fill` value no placeholder takes,
+and a configuration value no statement takes (statements.build), when the statements are built:
+once per store configuration, never per call.
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ class Queries:
             clash = sorted(set(values) & set(self.blocks))
             if clash:
                 raise QueryError(f"{name}: {clash} name blocks, not values")
+            nested = sorted(k for k, v in values.items() if PLACEHOLDER.search(v))
+            if nested:
+                raise QueryError(f"{name}: the values of {nested} hold placeholders, not SQL")
         taken: set[str] = set()
         text = self._fill(self._block(name).text, fill, config, taken, (name,))
         unused = sorted(set(fill) - taken)
@@ -137,9 +142,9 @@ class Queries:
                 value = config[name]
             elif name in self.blocks:
                 value = self._block(name).text
+                value = self._fill(value, fill, config, taken, (*path, name))
             else:
                 raise QueryError(f"{' -> '.join(path)}: nothing fills {{{{{name}}}}}")
-            value = self._fill(value, fill, config, taken, (*path, name))
             # A fragment of several lines takes its placeholder's indentation, for the logs.
             line = match.string[match.string.rfind("\n", 0, match.start()) + 1 :]
             indent = line[: len(line) - len(line.lstrip(" "))]

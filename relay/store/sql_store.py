@@ -18,13 +18,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from outbox.migrate import current_version, inspect_schema
 from outbox.shape import Shape
+from relay.core import suspects
 from relay.core.bucket import Bucket
 from relay.core.circuit import Circuit, CircuitState
 from relay.core.policy import Dead, Retry
 from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable, PermissionDenied
 from relay.ports import Claimed, ResourceRow, RetentionFailed, StateCounts, T, TableHealth
-from relay.store import counting, retention
+from relay.store import counting, rescuer, retention
 from relay.store.boundary import first_line, translated
 from relay.store.common import ALONE, GROUPED, SOLITARY
 from relay.store.databases import dialect_for
@@ -38,8 +39,8 @@ from relay.store.engines import (
 
 ERROR_MAX = 2000  # characters of error text kept per attempt
 
-# The texts that mark a suspect's isolation (common.GROUPED), bound into the statements that claim,
-# give back and reclaim rows.
+# The texts relays of schema 6 read in last_error (common.GROUPED), bound into the statements that
+# claim and give back rows.
 SUSPECT_STAMPS = {"alone": ALONE, "grouped": GROUPED, "solitary": SOLITARY}
 
 log = logging.getLogger("relay.store")
@@ -240,25 +241,25 @@ class SqlStore:
         with self._conn() as conn:
             return self.dialect.settle_failures(conn, settlements, params)
 
+    # Taking leases back: the same on every database (relay/store/rescuer.py).
+
     def reclaim_expired(self, *, relay_id: str = "", max_attempts: int = 10) -> int:
-        params = {
-            "relay_id": relay_id,
-            "max_attempts": max_attempts,
-            **SUSPECT_STAMPS,
-            "now": self._clock(),
-        }
+        params = {"relay_id": relay_id, "max_attempts": max_attempts, "now": self._clock()}
         with self._conn() as conn:
-            return self.dialect.reclaim_expired(conn, params)
+            return rescuer.reclaim(
+                self.dialect, conn, self._sql.stuck_expired, params, suspects.expired
+            )
 
     def reclaim_owner(self, relay_id: str, *, max_attempts: int = 10) -> int:
         params = {
-            "relay_id": relay_id,
+            "relay_id": relay_id,  # the relay restarting records it
+            "owner": relay_id,
             "max_attempts": max_attempts,
-            **SUSPECT_STAMPS,
             "now": self._clock(),
         }
+        why = suspects.earlier_run(relay_id)
         with self._conn() as conn:
-            return self.dialect.reclaim_owner(conn, params)
+            return rescuer.reclaim(self.dialect, conn, self._sql.stuck_owned, params, lambda _: why)
 
     def reclaim_dead(
         self, *, relay_id: str, dead_after: float, max_attempts: int = 10
@@ -267,25 +268,25 @@ class SqlStore:
             "relay_id": relay_id,
             "dead_after": dead_after,
             "max_attempts": max_attempts,
-            **SUSPECT_STAMPS,
             "now": self._clock(),
         }
         with self._conn() as conn:
-            return self.dialect.reclaim_dead(conn, params)
+            return rescuer.reclaim_dead(self.dialect, conn, params)
 
     def abandon(
         self, token: uuid.UUID, *, error: str, relay_id: str = "", max_attempts: int = 10
     ) -> int:
         params = {
             "token": token,
-            "error": error[:ERROR_MAX],
             "relay_id": relay_id,
             "max_attempts": max_attempts,
-            **SUSPECT_STAMPS,
             "now": self._clock(),
         }
+        why = error[:ERROR_MAX]
         with self._conn() as conn:
-            return self.dialect.abandon(conn, params)
+            return rescuer.reclaim(
+                self.dialect, conn, self._sql.stuck_abandoned, params, lambda _: why
+            )
 
     def unpark_sweep(self) -> int:
         """Unpark the next message of every key that nothing blocks any more."""

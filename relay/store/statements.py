@@ -117,6 +117,22 @@ RELAY_COLUMNS: Mapping[str, TypeEngine[Any]] = {
     "started_at": TIME,
     "last_seen": TIME,
 }
+# What taking a lease back reads of each row (relay/store/rescuer.py).
+STUCK_COLUMNS: Mapping[str, TypeEngine[Any]] = {
+    "seq": BigInteger(),
+    "id": UUID,
+    "lease_owner": String(),
+    "lease_token": UUID,
+    "suspect": String(),
+    "attempts": Integer(),
+    "max_attempts": Integer(),
+}
+# What settling in steps reads of the rows a lease still holds (relay/store/stepwise.py).
+HELD_COLUMNS: Mapping[str, TypeEngine[Any]] = {
+    "seq": BigInteger(),
+    "id": UUID,
+    "attempts": Integer(),
+}
 EXCHANGE_COLUMNS: Mapping[str, TypeEngine[Any]] = {
     "exchange": String(),
     "state": String(),
@@ -198,6 +214,16 @@ class Statements:
     published_per_minute: Annotated[Compiled, Query("published_per_minute")]  # (since, id_floor)
     failed_per_minute: Annotated[Compiled, Query("failed_per_minute")]  # (since)
     ping: Annotated[Compiled, Query("ping", lists=())]
+    # Taking leases back (relay/store/rescuer.py), in one transaction: the time, read once; the
+    # stuck rows, locked; the dead relays, locked (then forget_relay for each); the decisions and
+    # their attempt records, each one statement for every row (relay/store/transitions.py).
+    read_now: Annotated[Compiled, Query("read_now", {"now": TIME})]  # (now) -> now
+    stuck_expired: Annotated[Compiled, Query("stuck_expired", STUCK_COLUMNS)]  # (now)
+    stuck_abandoned: Annotated[Compiled, Query("stuck_abandoned", STUCK_COLUMNS)]  # (token)
+    stuck_owned: Annotated[Compiled, Query("stuck_owned", STUCK_COLUMNS, lists=())]  # (owner)
+    dead_relays: Annotated[Compiled, Query("dead_relays", lists=())]  # (seen_before, relay_id)
+    transition_rows: Annotated[Compiled, Query("update_rows")]  # (rows, now); rowcount
+    record_attempts: Annotated[Compiled, Query("record_attempts")]  # (records, relay_id, now)
 
     def items(self) -> Iterator[tuple[str, Compiled | str]]:
         """Every statement, by name, in the order its class declares them."""

@@ -83,7 +83,9 @@ def test_the_run_stops_where_a_claims_run_would(app_engine: Engine, store: SqlSt
     with app_engine.begin() as conn:  # a suspect and a message not due
         expired = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
         conn.execute(
-            update(message).where(message.c.seq == later[3]).values(lease_expires_at=expired)
+            update(message)
+            .where(message.c.seq == later[3])
+            .values(lease_expires_at=expired, suspect="group")
         )
     token, got = claim(store, 10, run=1)
     assert got == later[:2]

@@ -98,7 +98,10 @@ def test_a_run_stops_at_a_suspect(app_engine: Engine, store: SqlStore) -> None:
         conn.execute(
             update(message)
             .where(message.c.seq == seqs[2])
-            .values(lease_expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
+            .values(
+                lease_expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1),
+                suspect="group",
+            )
         )
     _, got = claim(store, 10, run=64)
     assert got == seqs[:2]
@@ -116,10 +119,13 @@ def test_a_run_stops_at_an_excluded_resource(app_engine: Engine, store: SqlStore
 def test_a_suspect_head_leads_no_run(app_engine: Engine, store: SqlStore) -> None:
     seqs = enqueue_key(app_engine, "k", 4)
     with app_engine.begin() as conn:
-        conn.execute(
+        conn.execute(  # as if a relay had died holding the head
             update(message)
             .where(message.c.seq == seqs[0])
-            .values(lease_expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
+            .values(
+                lease_expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1),
+                suspect="group",
+            )
         )
     _, got = claim(store, 10, run=64, suspect_group=10)
     assert got == seqs[:1]

@@ -1,5 +1,6 @@
 """Crash isolation's per-row decisions (relay/core/suspects.py): table tests, one row per case,
-then properties over generated rows."""
+then properties over generated rows. What every store writes of them is
+tests/integration/test_reclaim_writes_the_core.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from outbox.states import Suspect
 from relay.core import suspects
 from relay.core.suspects import (
     ALONE,
@@ -18,11 +20,11 @@ from relay.core.suspects import (
     Leased,
     Reclaimed,
     Record,
-    Released,
     choose,
     reclaim,
-    release,
 )
+
+GROUP, BY_ITSELF = Suspect.GROUP, Suspect.ALONE
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
 WHY = "lease held by r1 expired before it settled"
@@ -68,67 +70,96 @@ def test_a_claim_takes_at_least_one_suspect_at_a_time() -> None:
 
 # ------------------------------------------------------------------------ taking leases back
 
-# (its stamp, attempts, its max_attempts, the relay's) -> what becomes of it
-RECLAIMS: list[tuple[str | None, int, int | None, int, Reclaimed]] = [
+# (how it was claimed, attempts, its max_attempts, the relay's) -> what becomes of it
+RECLAIMS: list[tuple[Suspect | None, int, int | None, int, Reclaimed]] = [
     # In a batch: charged nothing, a suspect to be claimed in a group.
-    (None, 1, None, 10, Reclaimed(7, "pending", 0, WHY, Record(1, "deferred", WHY, NOW))),
-    (None, 3, None, 10, Reclaimed(7, "pending", 2, WHY, Record(3, "deferred", WHY, NOW))),
-    ("a nack", 5, 5, 10, Reclaimed(7, "pending", 4, WHY, Record(5, "deferred", WHY, NOW))),
+    (None, 1, None, 10, Reclaimed(7, "pending", 0, GROUP, WHY, Record(1, "deferred", WHY, NOW))),
+    (None, 3, None, 10, Reclaimed(7, "pending", 2, GROUP, WHY, Record(3, "deferred", WHY, NOW))),
+    (None, 5, 5, 10, Reclaimed(7, "pending", 4, GROUP, WHY, Record(5, "deferred", WHY, NOW))),
     # Never below zero (a row claimed before attempts were counted, or edited by hand).
-    (None, 0, None, 10, Reclaimed(7, "pending", 0, WHY, Record(1, "deferred", WHY, NOW))),
+    (None, 0, None, 10, Reclaimed(7, "pending", 0, GROUP, WHY, Record(1, "deferred", WHY, NOW))),
     # Out of attempts in a batch or a group: still charged nothing, never dead.
-    (None, 10, None, 10, Reclaimed(7, "pending", 9, WHY, Record(10, "deferred", WHY, NOW))),
-    (GROUPED, 10, 2, 10, Reclaimed(7, "pending", 9, SOLITARY, Record(10, "deferred", WHY, NOW))),
-    # In a group: solitary next.
-    (GROUPED, 1, None, 10, Reclaimed(7, "pending", 0, SOLITARY, Record(1, "deferred", WHY, NOW))),
-    # Alone: charged, and solitary again while it has attempts left...
-    (ALONE, 1, None, 10, Reclaimed(7, "pending", 1, SOLITARY, Record(1, "retry", WHY, NOW))),
-    (ALONE, 9, None, 10, Reclaimed(7, "pending", 9, SOLITARY, Record(9, "retry", WHY, NOW))),
-    (ALONE, 2, 3, 10, Reclaimed(7, "pending", 2, SOLITARY, Record(2, "retry", WHY, NOW))),
-    # ...dead once it has used them: its own max_attempts first, else the relay's.
-    (ALONE, 10, None, 10, Reclaimed(7, "dead", 10, WHY, Record(10, "dead", WHY, None))),
-    (ALONE, 3, 3, 10, Reclaimed(7, "dead", 3, WHY, Record(3, "dead", WHY, None))),
-    (ALONE, 3, None, 2, Reclaimed(7, "dead", 3, WHY, Record(3, "dead", WHY, None))),
-    (ALONE, 1, 1, 10, Reclaimed(7, "dead", 1, WHY, Record(1, "dead", WHY, None))),
-    # A stamp is known by its whole text only.
-    (SOLITARY, 1, None, 10, Reclaimed(7, "pending", 0, WHY, Record(1, "deferred", WHY, NOW))),
+    (None, 10, None, 10, Reclaimed(7, "pending", 9, GROUP, WHY, Record(10, "deferred", WHY, NOW))),
+    (
+        GROUP,
+        10,
+        2,
+        10,
+        Reclaimed(7, "pending", 9, BY_ITSELF, SOLITARY, Record(10, "deferred", WHY, NOW)),
+    ),
+    # In a group: alone next (and schema 6's mark for it in last_error).
+    (
+        GROUP,
+        1,
+        None,
+        10,
+        Reclaimed(7, "pending", 0, BY_ITSELF, SOLITARY, Record(1, "deferred", WHY, NOW)),
+    ),
+    # Alone: charged, and alone again while it has attempts left...
+    (
+        BY_ITSELF,
+        1,
+        None,
+        10,
+        Reclaimed(7, "pending", 1, BY_ITSELF, SOLITARY, Record(1, "retry", WHY, NOW)),
+    ),
+    (
+        BY_ITSELF,
+        9,
+        None,
+        10,
+        Reclaimed(7, "pending", 9, BY_ITSELF, SOLITARY, Record(9, "retry", WHY, NOW)),
+    ),
+    (
+        BY_ITSELF,
+        2,
+        3,
+        10,
+        Reclaimed(7, "pending", 2, BY_ITSELF, SOLITARY, Record(2, "retry", WHY, NOW)),
+    ),
+    # ...dead once it has used them: its own max_attempts first, else the relay's. A replay
+    # makes it a suspect in groups again.
+    (BY_ITSELF, 10, None, 10, Reclaimed(7, "dead", 10, GROUP, WHY, Record(10, "dead", WHY, None))),
+    (BY_ITSELF, 3, 3, 10, Reclaimed(7, "dead", 3, GROUP, WHY, Record(3, "dead", WHY, None))),
+    (BY_ITSELF, 3, None, 2, Reclaimed(7, "dead", 3, GROUP, WHY, Record(3, "dead", WHY, None))),
+    (BY_ITSELF, 1, 1, 10, Reclaimed(7, "dead", 1, GROUP, WHY, Record(1, "dead", WHY, None))),
 ]
 
 
-@pytest.mark.parametrize(("stamp", "attempts", "own_max", "relay_max", "expected"), RECLAIMS)
+@pytest.mark.parametrize(("suspect", "attempts", "own_max", "relay_max", "expected"), RECLAIMS)
 def test_what_taking_a_lease_back_does_to_a_row(
-    stamp: str | None, attempts: int, own_max: int | None, relay_max: int, expected: Reclaimed
+    suspect: Suspect | None, attempts: int, own_max: int | None, relay_max: int, expected: Reclaimed
 ) -> None:
-    leased = Leased(7, stamp, attempts, own_max)
+    leased = Leased(7, suspect, attempts, own_max)
     assert reclaim(leased, reason=WHY, max_attempts=relay_max, now=NOW) == expected
 
 
-def test_rows_that_change_alike_are_written_together() -> None:
-    rows = [Leased(1, None, 1, None), Leased(2, GROUPED, 1, None), Leased(3, None, 1, None)]
-    reclaimed = [reclaim(r, reason=WHY, max_attempts=10, now=NOW) for r in rows]
-    assert suspects.by_change(reclaimed) == {
-        ("pending", 0, WHY): [1, 3],
-        ("pending", 0, SOLITARY): [2],
-    }
-
-
-# ------------------------------------------------------------------------ giving rows back
-
-RELEASES: list[tuple[str | None, int, Released]] = [
-    (None, 1, Released(0, "stopping", suspect=False)),
-    ("an old error", 4, Released(3, "stopping", suspect=False)),
-    (None, 0, Released(0, "stopping", suspect=False)),
-    (GROUPED, 2, Released(1, "stopping", suspect=True)),  # still a suspect, in groups
-    (ALONE, 2, Released(1, SOLITARY, suspect=True)),  # still to be claimed alone
-    (SOLITARY, 1, Released(0, "stopping", suspect=False)),  # never in flight with this stamp
-]
-
-
-@pytest.mark.parametrize(("stamp", "attempts", "expected"), RELEASES)
-def test_what_giving_a_row_back_unsent_does_to_it(
-    stamp: str | None, attempts: int, expected: Released
+@pytest.mark.parametrize(
+    ("stored", "read"),
+    [
+        (None, None),
+        ("group", GROUP),
+        ("alone", BY_ITSELF),
+        # A value is known by its whole text only.
+        (SOLITARY, None),
+        ("Alone", None),
+        ("", None),
+    ],
+)
+def test_a_suspect_column_is_read_by_its_whole_value(
+    stored: str | None, read: Suspect | None
 ) -> None:
-    assert release(Leased(7, stamp, attempts, None), error="stopping") == expected
+    assert suspects.suspect_of(stored) is read
+
+
+def test_the_texts_for_relays_of_schema_6_are_outbox_states() -> None:
+    from outbox import states
+
+    assert (GROUPED, SOLITARY, ALONE) == (
+        states.STAMP_GROUPED,
+        states.STAMP_SOLITARY,
+        states.STAMP_ALONE,
+    )
 
 
 # ------------------------------------------------------------------------ reasons
@@ -166,11 +197,11 @@ def test_seconds_are_written_as_postgresql_writes_a_float(value: float, text: st
 
 # ------------------------------------------------------------------------ properties
 
-stamps = st.sampled_from([None, ALONE, GROUPED, SOLITARY, "a nack"])
+suspect = st.sampled_from([None, GROUP, BY_ITSELF])
 leased = st.builds(
     Leased,
     seq=st.integers(1, 10**6),
-    last_error=stamps,
+    suspect=suspect,
     attempts=st.integers(0, 30),
     max_attempts=st.none() | st.integers(1, 30),
 )
@@ -180,7 +211,7 @@ relay_max = st.integers(1, 30)
 @given(leased, relay_max)
 def test_a_row_is_charged_an_attempt_iff_it_was_alone(row: Leased, default: int) -> None:
     after = reclaim(row, reason=WHY, max_attempts=default, now=NOW)
-    if row.last_error == ALONE:
+    if row.suspect is BY_ITSELF:
         assert after.attempts == row.attempts
         assert after.record.outcome in ("retry", "dead")
     else:
@@ -193,20 +224,25 @@ def test_a_row_is_charged_an_attempt_iff_it_was_alone(row: Leased, default: int)
 def test_dead_only_alone_and_out_of_attempts(row: Leased, default: int) -> None:
     after = reclaim(row, reason=WHY, max_attempts=default, now=NOW)
     allowed = row.max_attempts if row.max_attempts is not None else default
-    assert (after.state == "dead") == (row.last_error == ALONE and row.attempts >= allowed)
+    assert (after.state == "dead") == (row.suspect is BY_ITSELF and row.attempts >= allowed)
     assert (after.record.outcome == "dead") == (after.state == "dead")
     assert (after.record.next_attempt_at is None) == (after.state == "dead")
 
 
 @given(leased, relay_max)
 def test_a_reclaim_never_makes_a_suspect_less_isolated(row: Leased, default: int) -> None:
-    # Every row taken back stays pending as a suspect (its lease_expires_at stays) or dies; one
-    # that was in a group or alone is claimed alone next, never in a group or a batch again.
+    # Every row taken back stays pending as a suspect or dies; one that was in a group or alone
+    # is claimed alone next, never in a group or a batch again.
     after = reclaim(row, reason=WHY, max_attempts=default, now=NOW)
-    if after.state == "pending" and row.last_error in (ALONE, GROUPED):
-        assert after.last_error == SOLITARY
-    if after.last_error == SOLITARY:
-        assert row.last_error in (ALONE, GROUPED)
+    if after.state == "pending" and row.suspect is not None:
+        assert after.suspect is BY_ITSELF
+    if after.state == "pending" and after.suspect is BY_ITSELF:
+        assert row.suspect is not None
+    # Schema 6's relays read the same in last_error: SOLITARY exactly for those claimed alone.
+    assert (after.last_error == SOLITARY) == (
+        after.state == "pending" and after.suspect is BY_ITSELF
+    )
+    assert after.last_error in (SOLITARY, WHY)
     assert after.record.error == WHY
     assert after.seq == row.seq
 
@@ -214,15 +250,7 @@ def test_a_reclaim_never_makes_a_suspect_less_isolated(row: Leased, default: int
 @given(leased, relay_max)
 def test_the_record_numbers_the_attempt_the_lease_was_for(row: Leased, default: int) -> None:
     after = reclaim(row, reason=WHY, max_attempts=default, now=NOW)
-    assert after.record.attempt == max(row.attempts, 1 if row.last_error != ALONE else 0)
-
-
-@given(leased, st.text(max_size=20))
-def test_a_release_keeps_a_suspect_a_suspect(row: Leased, error: str) -> None:
-    after = release(row, error=error)
-    assert after.suspect == (row.last_error in (ALONE, GROUPED))
-    assert after.attempts == max(row.attempts - 1, 0)
-    assert after.last_error == (SOLITARY if row.last_error == ALONE else error)
+    assert after.record.attempt == max(row.attempts, 1 if row.suspect is not BY_ITSELF else 0)
 
 
 candidates = st.lists(

@@ -148,6 +148,7 @@ def test_batch_functions_check_their_arguments_before_touching_the_database() ->
 
 POSTGRES = dialect_for("postgresql").texts()
 SQLITE = dialect_for("sqlite").texts()
+MYSQL = dialect_for("mysql").texts()
 
 
 @pytest.mark.parametrize(
@@ -155,8 +156,10 @@ SQLITE = dialect_for("sqlite").texts()
     [
         POSTGRES["purge_batch"],
         POSTGRES["count_eligible"],
-        SQLITE["purge_messages"],
+        SQLITE["doomed"],  # a batch; then purge_messages deletes exactly these rows
         SQLITE["count_eligible"],
+        MYSQL["doomed"],
+        MYSQL["count_eligible"],
     ],
 )
 def test_statements_bound_by_id_and_never_name_a_live_state(sql: str) -> None:
@@ -168,9 +171,10 @@ def test_statements_bound_by_id_and_never_name_a_live_state(sql: str) -> None:
 
 
 def test_batches_are_ordered_by_id_and_limited() -> None:
-    for sql in (POSTGRES["purge_batch"], SQLITE["purge_messages"]):
-        assert "ORDER BY id\n    LIMIT :batch_size" in sql
+    for sql in (POSTGRES["purge_batch"], SQLITE["doomed"], MYSQL["doomed"]):
+        assert "ORDER BY id LIMIT :batch_size" in " ".join(sql.split())
     assert "FOR UPDATE SKIP LOCKED" in POSTGRES["purge_batch"]
+    assert "FOR UPDATE SKIP LOCKED" in MYSQL["doomed"]
 
 
 def test_storage_settings_render_the_documented_statements() -> None:

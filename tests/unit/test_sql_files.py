@@ -43,7 +43,7 @@ def test_placeholders_take_fill_then_configuration_then_blocks_indented() -> Non
     assert text == "SELECT a,\nb FROM t  -- stays\nWHERE x = :x"
     assert taken == set()
     assert sql.used == {"first", "part"}
-    assert sql.expand("first", {}, {"where": "{{part}}"})[1] == {"where"}
+    assert sql.expand("first", {}, {"where": "x"})[1] == {"where"}
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_placeholders_take_fill_then_configuration_then_blocks_indented() -> Non
         ({}, "nothing fills {{where}}"),
         ({"where": "1", "other": "2"}, "nothing in it takes ['other']"),
         ({"where": "1", "part": "2"}, "['part'] name blocks"),
-        ({"where": "{{first}}"}, "first -> where -> first: a fragment that holds itself"),
+        ({"where": "{{part}}"}, "the values of ['where'] hold placeholders, not SQL"),
     ],
 )
 def test_a_placeholder_nothing_fills_or_a_value_nothing_takes_is_an_error(
@@ -61,6 +61,12 @@ def test_a_placeholder_nothing_fills_or_a_value_nothing_takes_is_an_error(
     sql = queries.Queries(queries.parse(FILE, "x.sql"))
     with pytest.raises(queries.QueryError, match=re.escape(error)):
         sql.expand("first", fill, {})
+
+
+def test_a_fragment_that_holds_itself_is_an_error() -> None:
+    sql = queries.Queries(queries.parse("-- a --\nx {{b}}\n-- b --\ny {{a}}\n", "x.sql"))
+    with pytest.raises(queries.QueryError, match="a -> b -> a: a fragment that holds itself"):
+        sql.expand("a", {}, {})
 
 
 def test_a_block_name_means_one_text() -> None:

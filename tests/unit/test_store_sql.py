@@ -80,12 +80,13 @@ MYSQL = every_statement(dialect_for("mysql"))
         POSTGRES["mark_published"],
         POSTGRES["release"],
         POSTGRES["settle_failures"],
-        SQLITE["mark_published"],
+        SQLITE["mark_rows"],
         SQLITE["release"],
-        SQLITE["settle_one"],
-        MYSQL["mark_published"],
+        SQLITE["held"],  # transition_rows then changes only the rows this read found
+        SQLITE["keys_of"],
+        MYSQL["mark_rows"],
         MYSQL["release"],
-        MYSQL["held"],  # settle_one then changes only the rows this read found and locked
+        MYSQL["held"],  # transition_rows then changes only the rows this read found and locked
         MYSQL["keys_of"],
     ],
 )
@@ -93,17 +94,26 @@ def test_every_settlement_is_guarded_by_the_lease(sql: str) -> None:
     assert re.search(r"lease_token = :token\s+AND (m\.)?state = 'in_flight'", sql)
 
 
+@pytest.mark.parametrize("statements", [POSTGRES, SQLITE, MYSQL])
+def test_rows_written_back_are_guarded_by_the_lease_they_were_read_with(
+    statements: dict[str, str],
+) -> None:
+    guard = r"m\.lease_token = d\.token AND m\.state = 'in_flight'"
+    assert re.search(guard, statements["transition_rows"])
+
+
 def test_postgresql_skips_rows_another_relay_has_locked() -> None:
     claim = every_statement(dialect_for("postgresql"))["claim"]
     assert claim.count("FOR UPDATE SKIP LOCKED") == 3  # unkeyed, keyed candidates, runs
-    assert "FOR UPDATE SKIP LOCKED" in POSTGRES["reclaim_expired"]
+    for name in ("stuck_expired", "stuck_abandoned", "stuck_owned"):
+        assert "FOR UPDATE SKIP LOCKED" in POSTGRES[name], name
     assert "FOR UPDATE SKIP LOCKED" in POSTGRES["purge_batch"]
     assert "FOR UPDATE" in POSTGRES["lock_resource"]
 
 
 def test_mysql_skips_rows_another_relay_has_locked_and_reads_them_in_index_order() -> None:
     statements = every_statement(dialect_for("mariadb"))
-    for name in ("candidates", "reclaimable", "abandonable", "doomed"):
+    for name in ("candidates", "stuck_expired", "stuck_abandoned", "stuck_owned", "doomed"):
         assert "FOR UPDATE SKIP LOCKED" in statements[name], name
     assert "FOR UPDATE" in MYSQL["lock_resource"]
     assert "FORCE INDEX (outbox_message_claim_idx)" in statements["candidates"]

@@ -1,9 +1,16 @@
--- The statements and fragments every dialect shares, written once. Read by relay/store/queries.py
+-- The statements and fragments the dialects share, written once. Read by relay/store/queries.py
 -- (the format and the {{name}} placeholder are described there). A statement here names a block
 -- each dialect's file defines where the databases write it apart: {{now}} (the time to use),
--- {{leased}} (the lease guard), {{delayed}} (a time :delay_seconds from now),
--- {{published_minute}} and {{failed_minute}} (a time's minute), {{eligible_states}} and
--- {{failed_at}} (retention). Nothing here is a value: every value is bound.
+-- {{in_seqs}} (the rows of the list :seqs), {{delayed}} (a time :delay_seconds from now),
+-- {{lease_ends}} (:lease_seconds from now), {{lock_rows}} and {{skip_locked}} (the row locks a
+-- read takes: FOR UPDATE, without waiting for a locked row or not), {{transitions}} and
+-- {{attempt_rows}} (the rows of a JSON array, relay/store/transitions.py), {{published_minute}}
+-- and {{failed_minute}} (a time's minute), {{eligible_states}} and {{failed_at}} (retention).
+-- Nothing here is a value: every value is bound.
+--
+-- PostgreSQL runs a claim, a mark and a settlement as one statement of its own each; MySQL and
+-- SQLite run them as a few statements in one transaction (relay/store/stepwise.py): those
+-- statements are here where the two write them alike.
 
 -- ------------------------------------------------------------------------ per-key order
 
@@ -18,23 +25,161 @@
 -- blocking_skip --
 'pending', 'in_flight'
 
+-- read_now --
+-- The time a transaction of several statements uses throughout (bound as :now, never NULL then).
+SELECT {{now}} AS now
+
+-- leased --
+-- The lease guard: the rows of :seqs still in flight under :token. Only rows still in flight under
+-- this token change, so a relay whose lease expired (and whose rows another relay took over) can
+-- never overwrite the newer owner's work, and a duplicate confirm changes nothing.
+{{in_seqs}} AND lease_token = :token AND state = 'in_flight'
+
 -- ------------------------------------------------------------------------ giving rows back
 
 -- release --
 -- Rows a relay gives back unsent (it is stopping before the broker confirmed them): pending again,
 -- due after :delay_seconds, so another relay may take them. The claim counted an attempt that never
--- happened, so it is given back (never below zero). A suspect stays one (its lease_expires_at set)
--- and one claimed alone stays solitary: relay/core/suspects.py's release, which
--- tests/integration/test_suspects_match_core.py holds this to. {{leased}} is each dialect's lease
--- guard, as in mark_published.
+-- happened, so it is given back (never below zero). A suspect stays one, claimed as before (its
+-- suspect column is not touched); for relays of schema 6 its lease_expires_at stays set and one
+-- claimed alone gets :solitary in last_error (outbox.states, STAMP_SOLITARY).
 UPDATE outbox_message
 SET state = 'pending',
     available_at = {{delayed}},
     attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
-    lease_expires_at = CASE WHEN last_error IN (:alone, :grouped) THEN {{now}} END,
-    last_error = CASE WHEN last_error = :alone THEN :solitary ELSE :error END,
+    lease_expires_at = CASE WHEN suspect IS NOT NULL THEN {{now}} END,
+    last_error = CASE WHEN suspect = 'alone' THEN :solitary ELSE :error END,
     lease_owner = NULL, lease_token = NULL
 WHERE {{leased}}
+
+-- ------------------------------------------------------------------------ claiming in steps
+
+-- park --
+-- MySQL and SQLite: the keyed candidates that are neither heads nor in a run leave the ready
+-- index (see postgres.sql's claim).
+UPDATE outbox_message SET held = true WHERE {{in_seqs}}
+
+-- claim_rows --
+-- MySQL and SQLite: lease the rows chosen (locked since they were read, or under SQLite's write
+-- lock) and their runs (a run's rows are usually parked: held is cleared). :suspect is true when
+-- the rows chosen are suspects, claimed alone or with other suspects only: their suspect column
+-- stays as it is, and :stamp (outbox.states' STAMP_ALONE or STAMP_GROUPED) goes in last_error
+-- for relays of schema 6.
+UPDATE outbox_message
+SET state = 'in_flight',
+    held = false,
+    attempts = attempts + 1,
+    lease_owner = :owner,
+    lease_token = :token,
+    lease_expires_at = {{lease_ends}},
+    last_error = CASE WHEN :suspect THEN :stamp ELSE last_error END
+WHERE {{in_seqs}} AND state = 'pending'
+
+-- claimed --
+-- What claim_rows leased, with whether each is a suspect. `m.key`: unqualified, `key` is a
+-- reserved word on MySQL.
+SELECT seq, id, exchange, routing_key, payload, content_type, headers, m.key,
+       priority, attempts, max_attempts, available_at, created_at, traceparent,
+       tracestate, suspect IS NOT NULL AS suspect
+FROM outbox_message AS m WHERE {{in_seqs}}
+
+-- run_key --
+-- The next run of a chain (see postgres.sql's claim_run): the key of row :after, whose earlier
+-- rows the dialect's run_other then checks.
+SELECT m.key FROM outbox_message AS m WHERE m.seq = :after
+
+-- first_parked --
+-- The unpark sweep's candidates: the first parked message of every key that has one.
+SELECT p.key, min(p.seq) AS seq FROM outbox_message AS p
+WHERE p.state = 'pending' AND p.held AND p.key IS NOT NULL
+GROUP BY p.key
+
+-- ------------------------------------------------------------------------ settling in steps
+
+-- mark_rows --
+-- Published, lease-guarded. PostgreSQL's mark_published runs it as its first part; MySQL and
+-- SQLite read the keys first (keys_of) and unpark after (unpark_next), in one transaction.
+-- Settling a row ends its suspicion.
+UPDATE outbox_message
+SET state = 'published', published_at = {{now}}, last_error = NULL, suspect = NULL,
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE {{leased}}
+
+-- keys_of --
+-- MySQL and SQLite: the keyed rows about to be marked, with their keys (read before mark_rows
+-- clears their lease), locked where the database locks rows: mark_rows then publishes these.
+SELECT seq, m.key FROM outbox_message AS m
+WHERE {{leased}} AND m.key IS NOT NULL
+{{lock_rows}}
+
+-- held --
+-- MySQL and SQLite: failed attempts (see postgres.sql's settle_failures): the rows this lease
+-- still holds, locked where the database locks rows, then transition_rows and record_attempts
+-- for them all.
+SELECT seq, id, attempts FROM outbox_message
+WHERE {{leased}}
+{{lock_rows}}
+
+-- update_rows --
+-- Rows' new values decided in Python (relay/store/transitions.py), written back in one
+-- statement: a lease taken back (relay/core/suspects.py decides; the SQL holds no policy), or a
+-- settlement. Only a row still in flight under the lease it was read with changes. PostgreSQL's
+-- and SQLite's transition_rows; MySQL, which updates with a JOIN, writes its own.
+UPDATE outbox_message AS m
+SET state = d.state, attempts = d.attempts, available_at = coalesce(d.available_at, m.available_at),
+    suspect = d.suspect, last_error = d.last_error, last_failed_at = {{now}},
+    lease_owner = NULL, lease_token = NULL,
+    lease_expires_at = CASE WHEN d.keep_expiry = 1 THEN m.lease_expires_at END
+FROM {{transitions}}
+WHERE m.seq = d.seq AND m.lease_token = d.token AND m.state = 'in_flight'
+
+-- record_attempts --
+-- One outbox_attempt row for each of :records (a JSON array, relay/store/transitions.py), at the
+-- statement's time, by :relay_id.
+INSERT INTO outbox_attempt
+    (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
+SELECT r.message_id, r.attempt, {{now}}, :relay_id, r.failure_class, r.outcome, r.error, r.next_at
+FROM {{attempt_rows}}
+
+-- ------------------------------------------------------------------------ taking leases back
+
+-- stuck_columns --
+-- Taking leases back, as River's rescuer does (relay/store/rescuer.py): the rows are read and
+-- locked in one transaction (SKIP LOCKED where the database has row locks: two relays reclaiming at
+-- once take disjoint rows), relay/core/suspects.py decides what becomes of each, and
+-- transition_rows and record_attempts write the decisions. A lease that expired means its relay
+-- died or stalled after claiming: the broker may or may not have the message, so it is
+-- republished (same message id), and the attempt is recorded as ambiguous. :now is the
+-- transaction's time (read_now).
+seq, id, lease_owner, lease_token, suspect, attempts, max_attempts
+
+-- stuck_expired --
+-- Leases that expired (outbox_message_lease_idx).
+SELECT {{stuck_columns}} FROM outbox_message
+WHERE state = 'in_flight' AND lease_expires_at < :now
+{{skip_locked}}
+
+-- stuck_abandoned --
+-- One lease's rows, whose relay is crashing and gives them up now (abandon).
+SELECT {{stuck_columns}} FROM outbox_message
+WHERE state = 'in_flight' AND lease_token = :token
+{{skip_locked}}
+
+-- stuck_owned --
+-- The rows of relay :owner: an earlier run of this relay's id (reclaim_owner), or a relay whose
+-- heartbeat stopped (reclaim_dead).
+SELECT {{stuck_columns}} FROM outbox_message
+WHERE state = 'in_flight' AND lease_owner = :owner
+{{skip_locked}}
+
+-- dead_relays --
+-- Relays whose last beat is older than :seen_before (never this one), locked: they are deleted
+-- (forget_relay) and their rows taken back (stuck_owned) in the same transaction. A relay beating
+-- at this moment either beats first (its row is then young enough to stay) or finds its row gone.
+SELECT relay_id FROM outbox_relay
+WHERE last_seen < :seen_before AND relay_id <> :relay_id
+ORDER BY relay_id
+{{lock_rows}}
 
 -- ------------------------------------------------------------------------ resources
 
@@ -65,9 +210,9 @@ DELETE FROM outbox_relay WHERE relay_id = :relay_id
 -- beat --
 -- LIVENESS. A running relay registers (its row's started_at names this run of it) and then beats
 -- every heartbeat interval, from a thread of its own: beat touches its row only while started_at
--- still names this run. Another relay that finds a row older than :dead_after deletes it and takes
--- back that relay's leases in the same statement (each dialect's reclaim_dead), as an expired lease
--- would be taken, without waiting for the lease. The lease token still guards every write, so a
+-- still names this run. Another relay that finds a row older than --dead-after deletes it and takes
+-- back that relay's leases in the same transaction (dead_relays), as an expired lease would be
+-- taken, without waiting for the lease. The lease token still guards every write, so a
 -- relay that was only slow changes nothing that was taken from it; its next beat finds its row gone
 -- and it gives back what it still holds (relay/loop/pulse.py).
 UPDATE outbox_relay SET last_seen = {{now}}
@@ -174,3 +319,17 @@ AND (
 -- For --dry-run and the progress bar: the rows a purge started now would delete (less any that
 -- are locked when it runs).
 SELECT count(*) FROM outbox_message WHERE {{eligible}}
+
+-- doomed --
+-- MySQL and SQLite: a purge batch (see postgres.sql's purge_batch), then purge_messages and the
+-- dialect's purge_attempts, in one transaction. The locking read sees the latest committed rows
+-- (READ COMMITTED on MySQL), so a row replayed to pending is not taken; SKIP LOCKED as on
+-- PostgreSQL: a row an operator is replaying, or another purge has, is passed over.
+SELECT seq, id FROM outbox_message
+WHERE {{eligible}}
+ORDER BY id
+LIMIT :batch_size
+{{skip_locked}}
+
+-- purge_messages --
+DELETE FROM outbox_message WHERE {{in_seqs}}

@@ -6,9 +6,10 @@
 -- These servers have SKIP LOCKED but neither UPDATE ... RETURNING nor data-modifying CTEs, and
 -- MySQL cannot UPDATE a table it reads in a subquery of the same statement. So what is one
 -- statement on PostgreSQL (postgres.sql, where each statement's reasons are given) is a few here,
--- in one short READ COMMITTED transaction: a locking read (FOR UPDATE, SKIP LOCKED where relays
--- compete) picks the rows, then plain UPDATEs by primary key change them. The row locks, held to
--- the COMMIT, are what keep two relays off the same row.
+-- in one short READ COMMITTED transaction (relay/store/stepwise.py; those SQLite writes alike are
+-- in common.sql): a locking read (FOR UPDATE, SKIP LOCKED where relays compete) picks the rows,
+-- then plain UPDATEs by primary key change them. The row locks, held to the COMMIT, are what keep
+-- two relays off the same row.
 --
 -- Times are DATETIME(6) in UTC: {{now}} is :now when a test froze time, else UTC_TIMESTAMP(6),
 -- the server's clock (enqueue stamps rows with it too, so the relay and the application agree).
@@ -22,12 +23,43 @@
 -- now --
 coalesce(CAST(:now AS DATETIME(6)), UTC_TIMESTAMP(6))
 
--- leased --
--- The lease guard: see postgres.sql.
-seq IN :seqs AND lease_token = :token AND state = 'in_flight'
+-- in_seqs --
+seq IN :seqs
 
 -- delayed --
 TIMESTAMPADD(MICROSECOND, ROUND(:delay_seconds * 1000000), {{now}})
+
+-- lease_ends --
+TIMESTAMPADD(MICROSECOND, ROUND(:lease_seconds * 1000000), {{now}})
+
+-- skip_locked --
+FOR UPDATE SKIP LOCKED
+
+-- lock_rows --
+FOR UPDATE
+
+-- attempt_rows --
+-- common.sql's record_attempts: the rows of the JSON array :records (a value left out is NULL).
+JSON_TABLE(:records, '$[*]' COLUMNS (
+    message_id CHAR(32) PATH '$.message_id', attempt INT PATH '$.attempt',
+    failure_class VARCHAR(32) PATH '$.failure_class', outcome VARCHAR(16) PATH '$.outcome',
+    error LONGTEXT PATH '$.error', next_at DATETIME(6) PATH '$.next_at')) AS r
+
+-- update_rows_join --
+-- common.sql's update_rows, as MySQL updates from another table: with a JOIN, and every column it
+-- sets named with its table.
+UPDATE outbox_message AS m
+JOIN JSON_TABLE(:rows, '$[*]' COLUMNS (
+    seq BIGINT PATH '$.seq', token CHAR(32) PATH '$.token', state VARCHAR(16) PATH '$.state',
+    attempts INT PATH '$.attempts', available_at DATETIME(6) PATH '$.available_at',
+    suspect VARCHAR(8) PATH '$.suspect', last_error LONGTEXT PATH '$.last_error',
+    keep_expiry INT PATH '$.keep_expiry')) AS d ON d.seq = m.seq
+SET m.state = d.state, m.attempts = d.attempts,
+    m.available_at = coalesce(d.available_at, m.available_at), m.suspect = d.suspect,
+    m.last_error = d.last_error, m.last_failed_at = {{now}},
+    m.lease_owner = NULL, m.lease_token = NULL,
+    m.lease_expires_at = CASE WHEN d.keep_expiry = 1 THEN m.lease_expires_at END
+WHERE m.lease_token = d.token AND m.state = 'in_flight'
 
 -- ------------------------------------------------------------------------ per-key order
 
@@ -69,10 +101,9 @@ AND (:only IS NULL OR {{resource}} = :only)
 -- candidates --
 -- The candidates, best first, locked: ready rows in claim order, keyed and unkeyed together, read
 -- along outbox_message_claim_idx (outbox/databases.py). SKIP LOCKED: a row another relay is
--- claiming right now is not a candidate. A keyed row becomes a head or is parked (heads, park),
--- as on PostgreSQL; at most :scan rows are looked at.
-SELECT seq, `key`, lease_expires_at IS NOT NULL AS suspect,
-       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary
+-- claiming right now is not a candidate. A keyed row becomes a head or is parked (heads, then
+-- common.sql's park), as on PostgreSQL; at most :scan rows are looked at.
+SELECT seq, `key`, suspect IS NOT NULL AS suspect, coalesce(suspect = 'alone', false) AS solitary
 FROM outbox_message FORCE INDEX (outbox_message_claim_idx)
 WHERE state = 'pending' AND held = false AND available_at <= {{now}} {{resource_filter}}
 ORDER BY priority DESC, available_at, seq
@@ -84,9 +115,6 @@ FOR UPDATE SKIP LOCKED
 -- read (the latest committed rows), probing outbox_message_key_state_idx (key_head).
 SELECT m.seq FROM outbox_message AS m
 WHERE m.seq IN :seqs AND {{key_head}}
-
--- park --
-UPDATE outbox_message SET held = true WHERE seq IN :seqs
 
 -- trailed --
 -- Runs (see postgres.sql's claim), in two plain reads; the rows a run keeps are locked after them
@@ -124,7 +152,7 @@ EXISTS (SELECT 1 FROM outbox_message AS e
 -- and never ready). mysql.RUN_HEADS heads a statement; {{i}} is the head's place in it, a number
 -- the statement is built with.
 (SELECT {{i}} AS head, seq,
-        (lease_expires_at IS NULL AND available_at <= {{now}} {{resource_filter}}) AS ok
+        (suspect IS NULL AND available_at <= {{now}} {{resource_filter}}) AS ok
  FROM outbox_message FORCE INDEX (outbox_message_key_state_idx)
  WHERE `key` = :key_{{i}} AND state = 'pending' AND seq > :seq_{{i}}
  ORDER BY seq LIMIT :run)
@@ -140,31 +168,15 @@ EXISTS (SELECT 1 FROM outbox_message AS e
 -- The rows the runs would take, locked where no other claim holds them. A row skipped (locked) or
 -- no longer ready since the plain read ends its run there: what comes after it stays behind it.
 SELECT seq FROM outbox_message
-WHERE seq IN :seqs AND state = 'pending' AND lease_expires_at IS NULL AND available_at <= {{now}}
+WHERE seq IN :seqs AND state = 'pending' AND suspect IS NULL AND available_at <= {{now}}
   {{resource_filter}}
 FOR UPDATE SKIP LOCKED
 
--- claim --
--- The chosen rows, locked since candidates, and their runs, since lock_followers (a run's rows
--- are usually parked: held is cleared). :suspect and :stamp as in sqlite.sql's claim.
-UPDATE outbox_message
-SET state = 'in_flight',
-    held = false,
-    attempts = attempts + 1,
-    lease_owner = :owner,
-    lease_token = :token,
-    lease_expires_at = TIMESTAMPADD(MICROSECOND, ROUND(:lease_seconds * 1000000), {{now}}),
-    last_error = CASE WHEN :suspect THEN :stamp ELSE last_error END
-WHERE seq IN :seqs
-
--- run_key --
--- The next run of a chain (see postgres.sql's claim_run): the runs' statements behind row
--- :after, unless an earlier message of its key in a blocking state is not in flight under :token
--- (run_other: per state, one probe of outbox_message_key_state_idx; in flight, this lease's rows,
--- a chain or two, are let off).
-SELECT `key` FROM outbox_message WHERE seq = :after
-
 -- run_other --
+-- The next run of a chain (see postgres.sql's claim_run): the runs' statements behind row
+-- :after, unless an earlier message of its key :of_key (common.sql, run_key) in a blocking state is
+-- not in flight under :token (per state, one probe of outbox_message_key_state_idx; in flight,
+-- this lease's rows, a chain or two, are let off).
 {{other_probes}}
 
 -- other_probes_hold --
@@ -184,12 +196,6 @@ UNION ALL
 (SELECT 1 FROM outbox_message FORCE INDEX (outbox_message_key_state_idx)
  WHERE `key` = :of_key AND state = 'in_flight' AND seq <= :after AND NOT (lease_token <=> :token) LIMIT 1)
 
--- claimed --
-SELECT seq, id, exchange, routing_key, payload, content_type, headers, `key`,
-       priority, attempts, max_attempts, available_at, created_at, traceparent,
-       tracestate, :suspect AS suspect
-FROM outbox_message WHERE seq IN :seqs
-
 -- has_ready --
 -- See postgres.sql.
 SELECT EXISTS (
@@ -204,9 +210,7 @@ SELECT EXISTS (
 UPDATE outbox_message AS t
 JOIN (
     SELECT m.seq FROM (
-        SELECT `key`, min(seq) AS seq FROM outbox_message
-        WHERE state = 'pending' AND held AND `key` IS NOT NULL
-        GROUP BY `key`
+        {{first_parked}}
     ) AS m
     WHERE {{key_head}}
 ) AS u ON t.seq = u.seq
@@ -214,22 +218,8 @@ SET t.held = false
 
 -- ------------------------------------------------------------------------ settling
 
--- keys_of --
--- The keyed rows about to be marked, locked, with their keys (read before mark_published clears
--- their lease): mark_published then publishes exactly these.
-SELECT seq, `key` FROM outbox_message
-WHERE {{leased}} AND `key` IS NOT NULL
-FOR UPDATE
-
--- mark_published --
--- Lease-guarded: see postgres.sql's mark_published.
-UPDATE outbox_message
-SET state = 'published', published_at = {{now}}, last_error = NULL,
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE {{leased}}
-
 -- unpark_next --
--- Unparking, as postgres.sql's mark_published does, after mark_published in the same transaction
+-- Unparking, as postgres.sql's mark_published does, after mark_rows in the same transaction
 -- (the rows it published block nothing any more): for each key just published, its first pending
 -- message after the highest seq published (:lasts; the key is read from that row), one probe of
 -- outbox_message_key_state_idx, unparked when it is parked and a head (key_head). That is
@@ -256,75 +246,8 @@ WHERE t.held AND t.state = 'pending'
 -- extend_leases --
 -- See postgres.sql. :tokens are UUIDs as stored (32 hex digits).
 UPDATE outbox_message
-SET lease_expires_at = TIMESTAMPADD(MICROSECOND, ROUND(:lease_seconds * 1000000), {{now}})
+SET lease_expires_at = {{lease_ends}}
 WHERE lease_token IN :tokens AND state = 'in_flight'
-
--- held --
--- Failed attempts (see postgres.sql's settle_failures): the rows this lease still holds, locked,
--- then settle_one for each and one record_attempt for them all.
-SELECT seq, id, attempts FROM outbox_message
-WHERE {{leased}}
-FOR UPDATE
-
--- settle_one --
-UPDATE outbox_message
-SET state = :state,
-    available_at = coalesce(CAST(:available_at AS DATETIME(6)), available_at),
-    attempts = attempts - :unburn,
-    last_error = :error,
-    last_failed_at = {{now}},
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE seq = :seq
-
--- record_attempt --
-INSERT INTO outbox_attempt
-    (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
-VALUES (:message_id, :attempt, {{now}}, :relay_id, :failure_class, :outcome, :error, :next_at)
-
--- ------------------------------------------------------------------------ taking leases back
-
--- reclaimable --
--- Taking leases back (relay/core/suspects.py decides what becomes of each row; postgres.sql's
--- reclaim says when). The rows, locked (SKIP LOCKED: two relays reclaiming at once take disjoint
--- rows), with what the decision reads and the server's time, which the rest of the transaction
--- binds as :now; then reclaim once per distinct change, and one record_attempt for them all.
--- {{where}} picks the rows: an expired lease, one token's (abandon), an earlier run's, dead
--- relays'.
-SELECT seq, id, lease_owner, last_error, attempts, max_attempts, {{now}} AS now
-FROM outbox_message
-WHERE state = 'in_flight' AND {{where}}
-FOR UPDATE SKIP LOCKED
-
--- reclaim --
--- Only rows the read above locked, still in flight.
-UPDATE outbox_message
-SET state = :state, attempts = :attempts, last_error = :last_error, last_failed_at = {{now}},
-    lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
-WHERE seq IN :seqs AND state = 'in_flight'
-
--- reclaim_expired --
-lease_expires_at < {{now}}
-
--- abandoned --
-lease_token = :token
-
--- reclaim_owner --
-lease_owner = :relay_id
-
--- reclaim_dead --
--- See postgres.sql's reclaim_dead: the dead relays are read, locked and deleted first
--- (dead_relays, forget_relays), in the same transaction.
-lease_owner IN :relays
-
--- dead_relays --
-SELECT relay_id FROM outbox_relay
-WHERE last_seen < TIMESTAMPADD(MICROSECOND, ROUND(:dead_after_neg * 1000000), {{now}})
-  AND relay_id <> :relay_id
-ORDER BY relay_id
-FOR UPDATE
-
--- forget_relays --
-DELETE FROM outbox_relay WHERE relay_id IN :relays
 
 -- ------------------------------------------------------------------------ resources, relays
 
@@ -382,19 +305,6 @@ state IN :states
 -- failed_at --
 -- greatest() is NULL if any argument is, hence the coalesce.
 greatest(created_at, coalesce(last_failed_at, created_at), coalesce(replayed_at, created_at))
-
--- doomed --
--- A batch: the rows, locked (SKIP LOCKED as on PostgreSQL: a row an operator is replaying, or
--- another purge has, is passed over), then both DELETEs, in one transaction. The locking read
--- sees the latest committed rows (READ COMMITTED), so a row replayed to pending is not taken.
-SELECT seq, id FROM outbox_message
-WHERE {{eligible}}
-ORDER BY id
-LIMIT :batch_size
-FOR UPDATE SKIP LOCKED
-
--- purge_messages --
-DELETE FROM outbox_message WHERE seq IN :seqs
 
 -- purge_attempts --
 DELETE FROM outbox_attempt WHERE message_id IN :ids

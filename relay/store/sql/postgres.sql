@@ -29,13 +29,38 @@
 -- The time (common.sql's statements take it from here).
 coalesce(:now, now())
 
--- leased --
--- The lease guard: the rows of :seqs still in flight under :token (see mark_published).
-seq = ANY(CAST(:seqs AS bigint[])) AND lease_token = :token AND state = 'in_flight'
+-- in_seqs --
+-- The rows of :seqs, a bigint[]: one probe of the primary key each.
+seq = ANY(CAST(:seqs AS bigint[]))
 
 -- delayed --
 -- :delay_seconds from now.
 {{now}} + make_interval(secs => :delay_seconds)
+
+-- lease_ends --
+-- When a lease taken or extended now runs out.
+coalesce(:now, now()) + make_interval(secs => :lease_seconds)
+
+-- skip_locked --
+FOR UPDATE SKIP LOCKED
+
+-- lock_rows --
+FOR UPDATE
+
+-- transitions --
+-- common.sql's update_rows: the rows of the JSON array :rows. Its times are UTC digits.
+(SELECT seq, token, state, attempts, available_at AT TIME ZONE 'UTC' AS available_at, suspect,
+        last_error, keep_expiry
+ FROM json_to_recordset(CAST(:rows AS json))
+      AS x(seq bigint, token uuid, state text, attempts int, available_at timestamp,
+           suspect text, last_error text, keep_expiry int)) AS d
+
+-- attempt_rows --
+-- common.sql's record_attempts: the rows of the JSON array :records.
+(SELECT message_id, attempt, failure_class, outcome, error, next_at AT TIME ZONE 'UTC' AS next_at
+ FROM json_to_recordset(CAST(:records AS json))
+      AS x(message_id uuid, attempt int, failure_class text, outcome text, error text,
+           next_at timestamp)) AS r
 
 -- ------------------------------------------------------------------------ claiming
 
@@ -62,12 +87,13 @@ AND (CAST(:only AS text) IS NULL OR {{resource}} = CAST(:only AS text))
 -- it settles; unpark_sweep catches every other way a key comes free. At most :scan keyed
 -- candidates are looked at per claim.
 --
--- Suspects (relay/core/suspects.py): a pending row with a lease_expires_at is one whose last
+-- Suspects (relay/core/suspects.py): a pending row whose suspect column is set is one whose last
 -- lease ended unsettled, its relay having died holding it. When the best :limit candidates
--- include a solitary one, the claim takes the first of those alone (stamped :alone); else, when
--- they include suspects, it takes up to :group of them and nothing else (stamped :grouped). The
--- relay publishes such a claim with nothing else in flight, so a message that kills its relay can
--- only take its fellow suspects down, and once alone only itself.
+-- include one to be claimed alone ('alone'), the claim takes the first of those alone; else, when
+-- they include suspects, it takes up to :group of them and nothing else. Their suspect column
+-- stays as it is; for relays of schema 6, last_error says :alone or :grouped. The relay publishes
+-- such a claim with nothing else in flight, so a message that kills its relay can only take its
+-- fellow suspects down, and once alone only itself.
 --
 -- Runs (hot keys): behind each keyed head claimed (not a suspect), the next :run messages of its
 -- key are claimed under the same lease, as long as each is pending, due, not a suspect, passes the
@@ -86,9 +112,8 @@ AND (CAST(:only AS text) IS NULL OR {{resource}} = CAST(:only AS text))
 -- runs add, and a claim it thinks large becomes a hash join over the whole table, or is compiled
 -- by JIT for longer than it runs. The last column says whether a row is a suspect.
 WITH unkeyed AS (
-    SELECT seq, NULL::text AS key, priority, available_at,
-           lease_expires_at IS NOT NULL AS suspect,
-           lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary
+    SELECT seq, NULL::text AS key, priority, available_at, suspect IS NOT NULL AS suspect,
+           coalesce(suspect = 'alone', false) AS solitary
     FROM outbox_message
     WHERE state = 'pending' AND key IS NULL AND available_at <= coalesce(:now, now())
           {{resource_filter}}
@@ -96,8 +121,8 @@ WITH unkeyed AS (
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), keyed AS (
-    SELECT seq, key, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
-           lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary,
+    SELECT seq, key, priority, available_at, suspect IS NOT NULL AS suspect,
+           coalesce(suspect = 'alone', false) AS solitary,
            coalesce((
                SELECT e.seq FROM outbox_message AS e
                WHERE e.key >= m.key AND e.key <= m.key AND e.state IN ({{blocking}})
@@ -137,7 +162,7 @@ WITH unkeyed AS (
     ) AS h
     CROSS JOIN LATERAL (
         SELECT e.seq, e.key,
-               (e.state = 'pending' AND e.lease_expires_at IS NULL
+               (e.state = 'pending' AND e.suspect IS NULL
                 AND e.available_at <= coalesce(:now, now()) {{resource_filter}}) AS ok
         FROM outbox_message AS e
         WHERE e.key >= h.key AND e.key <= h.key AND e.seq > h.seq
@@ -147,19 +172,7 @@ WITH unkeyed AS (
     ) AS f
     ORDER BY n
     LIMIT :follow
-), locked AS (
-    SELECT seq FROM outbox_message
-    WHERE seq = ANY(ARRAY(SELECT seq FROM follow WHERE due)) AND state = 'pending'
-    FOR UPDATE SKIP LOCKED
-), run AS (
-    SELECT seq FROM (
-        SELECT f.seq,
-               bool_and(l.seq IS NOT NULL) OVER (PARTITION BY f.key ORDER BY f.seq) AS whole
-        FROM follow AS f LEFT JOIN locked AS l ON l.seq = f.seq
-        WHERE f.due
-    ) AS r
-    WHERE whole
-), parked AS (
+), {{runs_locked}}, parked AS (
     UPDATE outbox_message AS p SET held = true
     FROM keyed
     WHERE p.seq = keyed.seq AND NOT keyed.head AND keyed.seq NOT IN (SELECT seq FROM run)
@@ -171,15 +184,31 @@ SET state = 'in_flight',
     attempts = m.attempts + 1,
     lease_owner = :owner,
     lease_token = :token,
-    lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds),
+    lease_expires_at = {{lease_ends}},
     last_error = CASE WHEN m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE solitary)) THEN :alone
                       WHEN m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect)) THEN :grouped
                       ELSE m.last_error END
 WHERE m.seq = ANY(ARRAY(SELECT seq FROM chosen UNION ALL SELECT seq FROM run))
 RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type,
           m.headers, m.key, m.priority, m.attempts, m.max_attempts, m.available_at,
-          m.created_at, m.traceparent, m.tracestate,
-          m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect))
+          m.created_at, m.traceparent, m.tracestate, m.suspect IS NOT NULL
+
+-- runs_locked --
+-- The claim's and claim_run's runs: the rows of `follow` a run may take, locked where no other
+-- claim holds them (`locked`), and each run cut at its first row that is not (`run`).
+locked AS (
+    SELECT seq FROM outbox_message
+    WHERE seq = ANY(ARRAY(SELECT seq FROM follow WHERE due)) AND state = 'pending'
+    FOR UPDATE SKIP LOCKED
+), run AS (
+    SELECT seq FROM (
+        SELECT f.seq,
+               bool_and(l.seq IS NOT NULL) OVER (PARTITION BY f.key ORDER BY f.seq) AS whole
+        FROM follow AS f LEFT JOIN locked AS l ON l.seq = f.seq
+        WHERE f.due
+    ) AS r
+    WHERE whole
+)
 
 -- claim_run --
 -- The next run of a chain the relay is sending (relay/loop/chains.py): the next :run messages of
@@ -204,7 +233,7 @@ WITH k AS (
     SELECT f.seq, f.key, bool_and(f.ok) OVER (ORDER BY f.seq) AS due
     FROM k CROSS JOIN LATERAL (
         SELECT e.seq, e.key,
-               (e.state = 'pending' AND e.lease_expires_at IS NULL
+               (e.state = 'pending' AND e.suspect IS NULL
                 AND e.available_at <= coalesce(:now, now()) {{resource_filter}}) AS ok
         FROM outbox_message AS e
         WHERE e.key >= k.key AND e.key <= k.key AND e.seq > :after
@@ -213,26 +242,14 @@ WITH k AS (
         LIMIT :run
     ) AS f
     WHERE NOT EXISTS (SELECT 1 FROM other)
-), locked AS (
-    SELECT seq FROM outbox_message
-    WHERE seq = ANY(ARRAY(SELECT seq FROM follow WHERE due)) AND state = 'pending'
-    FOR UPDATE SKIP LOCKED
-), run AS (
-    SELECT seq FROM (
-        SELECT f.seq,
-               bool_and(l.seq IS NOT NULL) OVER (PARTITION BY f.key ORDER BY f.seq) AS whole
-        FROM follow AS f LEFT JOIN locked AS l ON l.seq = f.seq
-        WHERE f.due
-    ) AS r
-    WHERE whole
-)
+), {{runs_locked}}
 UPDATE outbox_message AS m
 SET state = 'in_flight',
     held = false,
     attempts = m.attempts + 1,
     lease_owner = :owner,
     lease_token = :token,
-    lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds)
+    lease_expires_at = {{lease_ends}}
 WHERE m.seq = ANY(ARRAY(SELECT seq FROM run)) AND m.state = 'pending'
 RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type,
           m.headers, m.key, m.priority, m.attempts, m.max_attempts, m.available_at,
@@ -256,9 +273,7 @@ SELECT EXISTS (
 UPDATE outbox_message SET held = false
 WHERE seq IN (
     SELECT f.seq FROM (
-        SELECT key, min(seq) AS seq FROM outbox_message
-        WHERE state = 'pending' AND held AND key IS NOT NULL
-        GROUP BY key
+        {{first_parked}}
     ) AS f
     WHERE coalesce((
         SELECT e.seq FROM outbox_message AS e
@@ -270,11 +285,7 @@ WHERE seq IN (
 -- ------------------------------------------------------------------------ settling
 
 -- mark_published --
--- The lease guard (lease_token = :token AND state = 'in_flight'): only rows still in flight under
--- this token change, so a relay whose lease expired (and whose rows another relay took over) can
--- never overwrite the newer owner's work, and a duplicate confirm changes nothing.
---
--- Unparking: for each key just published, the next message of the key in a blocking state (one
+-- common.sql's mark_rows (lease-guarded), then unparking: for each key just published, the next message of the key in a blocking state (one
 -- probe of outbox_message_key_idx) is unparked when it is parked and nothing earlier blocks it
 -- but what this statement publishes. While a run is in flight the next message is the run's own,
 -- in flight: nothing is unparked, and no claim has to park it again. The check that nothing earlier
@@ -283,10 +294,7 @@ WHERE seq IN (
 -- burst, the planner could walk the table by seq for them instead, through the published rows (to
 -- the end of the table for a key with no next message), a cost that grows with the table.
 WITH done AS (
-    UPDATE outbox_message
-    SET state = 'published', published_at = coalesce(:now, now()), last_error = NULL,
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-    WHERE {{leased}}
+    {{mark_rows}}
     RETURNING key, seq
 ), nexts AS MATERIALIZED (
     SELECT k.key, n.seq
@@ -314,12 +322,13 @@ SELECT count(*) FROM done
 -- A relay still working on its rows pushes their expiry back; one whose lease was taken over
 -- extends nothing (the state and token no longer match).
 UPDATE outbox_message
-SET lease_expires_at = coalesce(:now, now()) + make_interval(secs => :lease_seconds)
+SET lease_expires_at = {{lease_ends}}
 WHERE lease_token = ANY(CAST(:tokens AS uuid[])) AND state = 'in_flight'
 
 -- settle_failures --
 -- Failed attempts, settled in one statement: each row goes back to pending (with its next
--- attempt time) or to dead, lease-guarded like mark_published, and an attempt record is written
+-- attempt time) or to dead, lease-guarded like mark_published (settling a row ends its
+-- suspicion), and an attempt record is written
 -- for exactly the rows that changed. :unburns is 1 for failures that must not count against
 -- max_attempts (the claim counted the attempt already). One array per column, unnested together.
 WITH d AS (
@@ -334,7 +343,7 @@ WITH d AS (
         available_at = coalesce(d.available_at, m.available_at),
         attempts = m.attempts - d.unburn,
         last_error = d.error,
-        last_failed_at = coalesce(:now, now()),
+        last_failed_at = coalesce(:now, now()), suspect = NULL,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
     FROM d
     WHERE m.seq = d.seq AND m.lease_token = :token AND m.state = 'in_flight'
@@ -345,90 +354,6 @@ INSERT INTO outbox_attempt
     (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
 SELECT id, attempt, coalesce(:now, now()), :relay_id, failure_class, outcome, error, available_at
 FROM settled
-
--- ------------------------------------------------------------------------ taking leases back
-
--- reclaim --
--- A lease that expired means its relay died or stalled after claiming: the broker may or may not
--- have the message, so it is republished (same message id) and the attempt is recorded as
--- ambiguous. available_at is left alone: it is in the past, so the row keeps its place in line.
---
--- Which message killed the relay is unknown unless it was alone (relay/core/suspects.py): a row
--- claimed alone (last_error = :alone) is charged the attempt and goes to dead once it has used up
--- its attempts; any other is charged nothing and becomes a suspect (lease_expires_at stays set):
--- one that was in a group of suspects (:grouped) or alone becomes solitary (last_error =
--- :solitary), to be claimed alone next; the rest are claimed in groups. So a message that kills
--- every relay that claims it dead-letters itself only. :max_attempts is the relay's default; a
--- per-exchange override is not consulted here. SKIP LOCKED: two relays reclaiming at once take
--- disjoint rows instead of one waiting. The attempt record gives the reason ({{error}}: the core's
--- text, built in SQL by postgres.py), whatever last_error says.
---
--- {{where}} picks the rows: an expired lease (reclaim_expired), one token's rows whose relay is
--- crashing and gives them up now (abandoned), those an earlier run of this relay's id left
--- (reclaim_owner), or those of relays whose heartbeat stopped (reclaim_dead, whose {{before}}
--- finds them). Each returns how many rows it took back ({{result}}).
-WITH {{before}} expired AS (
-    SELECT seq, lease_owner, last_error = :alone AS alone, last_error = :grouped AS grouped
-    FROM outbox_message
-    WHERE state = 'in_flight' AND {{where}}
-    FOR UPDATE SKIP LOCKED
-), reclaimed AS (
-    UPDATE outbox_message AS m
-    SET state = CASE WHEN expired.alone AND m.attempts >= coalesce(m.max_attempts, :max_attempts)
-                     THEN 'dead' ELSE 'pending' END,
-        attempts = CASE WHEN expired.alone THEN m.attempts ELSE greatest(m.attempts - 1, 0) END,
-        last_error = CASE WHEN expired.alone
-                               AND m.attempts >= coalesce(m.max_attempts, :max_attempts)
-                          THEN {{error}}
-                          WHEN expired.alone OR expired.grouped THEN :solitary
-                          ELSE {{error}} END,
-        last_failed_at = coalesce(:now, now()),
-        lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
-    FROM expired
-    WHERE m.seq = expired.seq
-    RETURNING m.id, m.attempts, m.state, m.last_failed_at, expired.alone, {{error}} AS error
-), recorded AS (
-    INSERT INTO outbox_attempt
-        (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
-    SELECT id, CASE WHEN alone THEN attempts ELSE attempts + 1 END, last_failed_at, :relay_id,
-           'ambiguous',
-           CASE WHEN state = 'dead' THEN 'dead' WHEN alone THEN 'retry' ELSE 'deferred' END,
-           error, CASE WHEN state = 'dead' THEN NULL ELSE last_failed_at END
-    FROM reclaimed
-    RETURNING 1
-)
-SELECT {{result}}
-
--- reclaimed_count --
-(SELECT count(*) FROM recorded)
-
--- reclaim_expired --
-lease_expires_at < coalesce(:now, now())
-
--- abandoned --
-lease_token = :token
-
--- reclaim_owner --
-lease_owner = :relay_id
-
--- reclaim_dead --
--- Relays whose last beat is older than :dead_after (never this one) are deleted, and their rows
--- taken back, in one statement: a relay beating at this moment either beats first (its row is
--- then young enough to stay) or finds its row gone. `EXISTS (SELECT 1 FROM dead)` is evaluated
--- once: while every relay beats, the in-flight rows are not even looked at. Returns the dead
--- relays and how many rows came back.
-dead AS (
-    DELETE FROM outbox_relay
-    WHERE last_seen < coalesce(:now, now()) - make_interval(secs => :dead_after)
-      AND relay_id <> :relay_id
-    RETURNING relay_id
-),
-
--- reclaim_dead_rows --
-EXISTS (SELECT 1 FROM dead) AND lease_owner IN (SELECT relay_id FROM dead)
-
--- reclaim_dead_result --
-ARRAY(SELECT relay_id FROM dead ORDER BY relay_id), {{reclaimed_count}}
 
 -- ------------------------------------------------------------------------ resources, relays
 

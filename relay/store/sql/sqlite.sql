@@ -22,15 +22,40 @@
 -- now --
 coalesce(:now, strftime('%Y-%m-%d %H:%M:%f000', 'now'))
 
--- leased --
--- The lease guard: see postgres.sql.
-seq IN (SELECT value FROM json_each(:seqs)) AND lease_token = :token AND state = 'in_flight'
+-- in_seqs --
+-- :seqs is a JSON array.
+seq IN (SELECT value FROM json_each(:seqs))
 
 -- delayed --
 strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'), printf('%+.6f seconds', :delay_seconds))
 
--- read_now --
-SELECT {{now}} AS now
+-- lease_ends --
+strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'), printf('%+.6f seconds', :lease_seconds))
+
+-- skip_locked --
+/* no row locks in SQLite: the write lock the transaction took (BEGIN IMMEDIATE) covers it */
+
+-- lock_rows --
+/* no row locks in SQLite: the write lock the transaction took (BEGIN IMMEDIATE) covers it */
+
+-- transitions --
+-- common.sql's update_rows: the rows of the JSON array :rows (a value left out is NULL).
+(SELECT json_extract(value, '$.seq') AS seq, json_extract(value, '$.token') AS token,
+        json_extract(value, '$.state') AS state, json_extract(value, '$.attempts') AS attempts,
+        json_extract(value, '$.available_at') AS available_at,
+        json_extract(value, '$.suspect') AS suspect,
+        json_extract(value, '$.last_error') AS last_error,
+        json_extract(value, '$.keep_expiry') AS keep_expiry
+ FROM json_each(:rows)) AS d
+
+-- attempt_rows --
+-- common.sql's record_attempts: the rows of the JSON array :records.
+(SELECT json_extract(value, '$.message_id') AS message_id,
+        json_extract(value, '$.attempt') AS attempt,
+        json_extract(value, '$.failure_class') AS failure_class,
+        json_extract(value, '$.outcome') AS outcome, json_extract(value, '$.error') AS error,
+        json_extract(value, '$.next_at') AS next_at
+ FROM json_each(:records)) AS r
 
 -- key_head --
 -- No earlier message of m's key in a blocking state (`m`: the row checked, in every statement
@@ -55,17 +80,16 @@ AND (:only IS NULL OR {{resource}} = :only)
 -- (followers), parking the keyed candidates that are neither heads nor in a run, and leasing the
 -- best :limit of the rest with their runs. Per-key order, parking, resources and runs as in
 -- postgres.sql's claim; there is no SKIP LOCKED to need, the write lock is already held.
-SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
-       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary, key
+SELECT seq, priority, available_at, suspect IS NOT NULL AS suspect,
+       coalesce(suspect = 'alone', false) AS solitary, key
 FROM outbox_message
 WHERE state = 'pending' AND key IS NULL AND available_at <= :now {{resource_filter}}
 ORDER BY priority DESC, available_at, seq
 LIMIT :limit
 
 -- select_keyed --
-SELECT seq, priority, available_at, lease_expires_at IS NOT NULL AS suspect,
-       lease_expires_at IS NOT NULL AND last_error = :solitary AS solitary, key,
-       {{key_head}} AS head
+SELECT seq, priority, available_at, suspect IS NOT NULL AS suspect,
+       coalesce(suspect = 'alone', false) AS solitary, key, {{key_head}} AS head
 FROM outbox_message AS m
 WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= :now
       {{resource_filter}}
@@ -84,7 +108,7 @@ WITH h AS (
     FROM json_each(:heads) AS j JOIN outbox_message AS m ON m.seq = j.value
 ), f AS (
     SELECT e.seq, h.rank,
-           (e.state = 'pending' AND e.lease_expires_at IS NULL
+           (e.state = 'pending' AND e.suspect IS NULL
             AND e.available_at <= :now {{resource_filter}}) AS ok
     FROM h JOIN outbox_message AS e ON e.seq IN (
         SELECT x.seq FROM outbox_message AS x
@@ -102,35 +126,13 @@ SELECT seq FROM numbered WHERE due AND n <= :follow
 
 -- run_other --
 -- The next run of a chain (see postgres.sql's claim_run): followers behind row :after, unless an
--- earlier message of its key in a blocking state is not in flight under :token (this statement
--- finds one).
+-- earlier message of its key :of_key (common.sql, run_key) in a blocking state is not in flight
+-- under :token (this statement finds one).
 SELECT 1 FROM outbox_message AS e
-WHERE e.key = (SELECT key FROM outbox_message WHERE seq = :after) AND e.seq <= :after
+WHERE e.key = :of_key AND e.seq <= :after
   AND e.state IN ({{blocking_hold}}) AND e.state IN ({{blocking}})
   AND NOT (e.state = 'in_flight' AND e.lease_token = :token)
 LIMIT 1
-
--- park --
-UPDATE outbox_message SET held = true WHERE seq IN (SELECT value FROM json_each(:seqs))
-
--- claim --
--- `state = 'pending'` again: the candidates were chosen under the same write lock, so this only
--- restates what must hold. :suspect is true when the rows chosen are suspects (see postgres.sql's
--- claim): they are stamped with :stamp, claimed alone or with other suspects. A run's rows are
--- usually parked: held is cleared with the lease.
-UPDATE outbox_message
-SET state = 'in_flight',
-    held = false,
-    attempts = attempts + 1,
-    lease_owner = :owner,
-    lease_token = :token,
-    lease_expires_at = strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'),
-                                printf('%+.6f seconds', :lease_seconds)),
-    last_error = CASE WHEN :suspect THEN :stamp ELSE last_error END
-WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'pending'
-RETURNING seq, id, exchange, routing_key, payload, content_type, headers, key,
-          priority, attempts, max_attempts, available_at, created_at, traceparent,
-          tracestate, :suspect AS suspect
 
 -- has_ready --
 -- See postgres.sql.
@@ -145,9 +147,7 @@ SELECT EXISTS (
 UPDATE outbox_message SET held = false
 WHERE seq IN (
     SELECT f.seq FROM (
-        SELECT key, min(seq) AS seq FROM outbox_message
-        WHERE state = 'pending' AND held AND key IS NOT NULL
-        GROUP BY key
+        {{first_parked}}
     ) AS f
     WHERE NOT EXISTS (
         SELECT 1 FROM outbox_message AS e
@@ -157,21 +157,12 @@ WHERE seq IN (
 
 -- ------------------------------------------------------------------------ settling
 
--- mark_published --
--- Lease-guarded: see postgres.sql's mark_published. Followed, in the same transaction, by
--- unpark_next for the rows it returns (one per row marked).
-UPDATE outbox_message
-SET state = 'published', published_at = :now, last_error = NULL,
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE {{leased}}
-RETURNING key, seq
-
 -- unpark_next --
 -- Unparking, as postgres.sql's mark_published does: for each key just published, its next
 -- message in a blocking state after the highest seq published (:lasts, a JSON array of those
 -- seqs; the key is read from that row), unparked when it is parked and a head. One probe of
--- outbox_message_key_idx each, and one more for the head check. mark_published ran first in the
--- same transaction, so the rows it published block nothing any more. While a run is in flight
+-- outbox_message_key_idx each, and one more for the head check. mark_rows (common.sql) ran first
+-- in the same transaction, so the rows it published block nothing any more. While a run is in flight
 -- the next message is the run's own: nothing is unparked.
 UPDATE outbox_message AS m SET held = false
 WHERE m.seq IN (
@@ -185,67 +176,8 @@ WHERE m.seq IN (
 -- extend_leases --
 -- See postgres.sql. :tokens is a JSON array of UUIDs as SQLite stores them (hex).
 UPDATE outbox_message
-SET lease_expires_at = strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'),
-                                printf('%+.6f seconds', :lease_seconds))
+SET lease_expires_at = {{lease_ends}}
 WHERE lease_token IN (SELECT value FROM json_each(:tokens)) AND state = 'in_flight'
-
--- settle_one --
--- Failed attempts (see postgres.sql's settle_failures), one row at a time: settle_one, then
--- record_attempt for the row if it changed (the lease guard let it through).
-UPDATE outbox_message
-SET state = :state,
-    available_at = coalesce(:available_at, available_at),
-    attempts = attempts - :unburn,
-    last_error = :error,
-    last_failed_at = :now,
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE seq = :seq AND lease_token = :token AND state = 'in_flight'
-RETURNING id, attempts + :unburn AS attempt
-
--- record_attempt --
-INSERT INTO outbox_attempt
-    (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
-VALUES (:message_id, :attempt, :now, :relay_id, :failure_class, :outcome, :error, :next_at)
-
--- ------------------------------------------------------------------------ taking leases back
-
--- reclaimable --
--- Taking leases back (relay/core/suspects.py decides what becomes of each row; postgres.sql's
--- reclaim says when): the rows, with what the decision reads, then reclaim once per distinct
--- change and record_attempt for them all, under the write lock the transaction holds. {{where}}
--- picks the rows: an expired lease, one token's (abandon), an earlier run's, dead relays'.
-SELECT seq, id, lease_owner, last_error, attempts, max_attempts
-FROM outbox_message WHERE state = 'in_flight' AND {{where}}
-
--- reclaim --
--- Only rows the read above found, still in flight.
-UPDATE outbox_message
-SET state = :state, attempts = :attempts, last_error = :last_error, last_failed_at = :now,
-    lease_owner = NULL, lease_token = NULL  -- lease_expires_at stays: the suspect's mark
-WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'in_flight'
-
--- reclaim_expired --
-lease_expires_at < :now
-
--- abandoned --
-lease_token = :token
-
--- reclaim_owner --
-lease_owner = :relay_id
-
--- reclaim_dead --
--- See postgres.sql's reclaim_dead: the dead relays are read and deleted first (dead_relays,
--- forget_relays), in the same transaction.
-lease_owner IN (SELECT value FROM json_each(:relays))
-
--- dead_relays --
-SELECT relay_id FROM outbox_relay
-WHERE last_seen < strftime('%Y-%m-%d %H:%M:%f000', :now, printf('-%.6f seconds', :dead_after))
-  AND relay_id <> :relay_id
-ORDER BY relay_id
-
--- forget_relays --
-DELETE FROM outbox_relay WHERE relay_id IN (SELECT value FROM json_each(:relays))
 
 -- ------------------------------------------------------------------------ resources, relays
 
@@ -316,19 +248,7 @@ state IN (SELECT value FROM json_each(:states))
 -- multi-argument max() is NULL if any argument is, hence the coalesce.
 max(created_at, coalesce(last_failed_at, created_at), coalesce(replayed_at, created_at))
 
--- purge_messages --
--- A batch is this DELETE and purge_attempts for the ids it returns, in one transaction (the
--- write lock, held for the batch only, is what keeps anything from changing the rows in between).
--- The ids come back as the stored hex text.
-DELETE FROM outbox_message
-WHERE seq IN (
-    SELECT seq FROM outbox_message
-    WHERE {{eligible}}
-    ORDER BY id
-    LIMIT :batch_size
-)
-RETURNING id
-
 -- purge_attempts --
--- :ids is a JSON array of message ids as SQLite stores them (32 lowercase hex digits).
+-- A purge batch's attempt rows (common.sql, doomed). :ids is a JSON array of message ids as SQLite
+-- stores them (32 lowercase hex digits).
 DELETE FROM outbox_attempt WHERE message_id IN (SELECT value FROM json_each(:ids))

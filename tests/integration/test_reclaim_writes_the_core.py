@@ -1,10 +1,12 @@
-"""Each database's statements do what relay/core/suspects.py decides, row by row.
+"""What every store writes when it takes leases back, gives rows back and claims suspects, row by
+row, against relay/core/suspects.py.
 
-PostgreSQL claims and takes leases back in single statements of its own SQL (one round trip
-each); MySQL and SQLite call the core and apply its results. Generated rows (random stamps,
-attempts, max_attempts, owners, keys, priorities) are written on a real schema, the store's
-claim, release, reclaim_expired, abandon, reclaim_owner and reclaim_dead run on them with a
-frozen clock, and every row, with its attempt record, must be what the core says.
+Taking a lease back is decided in the core and written back in one batched statement per database
+(relay/store/rescuer.py); giving a row back and claiming are statements of their own. Generated
+rows (suspect marks, attempts, max_attempts, owners, keys, priorities) are written on a real schema
+(PostgreSQL, MariaDB, SQLite), the store's claim, release, reclaim_expired, abandon, reclaim_owner
+and reclaim_dead run on them with a frozen clock, and every row, with its attempt record, must be
+what the core says, with the marks relays of schema 6 read beside it.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, delete, insert, select
+from sqlalchemy import Engine, delete, event, insert, select
 
 from outbox.schema import attempt, message, relay_instance
+from outbox.states import Suspect
 from relay.core import suspects
 from relay.core.suspects import ALONE, GROUPED, SOLITARY, Candidate, Leased
 from relay.store.sql_store import SqlStore, open_store
@@ -32,7 +35,7 @@ EXAMPLES = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-STAMPS = [None, ALONE, GROUPED, SOLITARY, "a nack"]
+MARKS = [None, Suspect.GROUP.value, Suspect.ALONE.value]
 OWNERS = ["r1", "r2"]
 TOKENS = {owner: uuid.uuid4() for owner in OWNERS}
 ME = "me"
@@ -95,13 +98,18 @@ def records(engine: Engine) -> dict[uuid.UUID, list[Any]]:
     return found
 
 
+def stamp_of(mark: str | None) -> str | None:
+    """What a relay that claimed a row so wrote in its last_error for relays of schema 6."""
+    return {Suspect.GROUP.value: GROUPED, Suspect.ALONE.value: ALONE}.get(mark or "")
+
+
 # ------------------------------------------------------------------------ taking leases back
 
 
 @dataclass(frozen=True)
 class InFlight:
     owner: str
-    stamp: str | None
+    mark: str | None  # how it was claimed, if as a suspect
     attempts: int
     max_attempts: int | None
     expired: bool
@@ -110,7 +118,7 @@ class InFlight:
 in_flight = st.builds(
     InFlight,
     owner=st.sampled_from(OWNERS),
-    stamp=st.sampled_from(STAMPS),
+    mark=st.sampled_from(MARKS),
     attempts=st.integers(0, 4),
     max_attempts=st.none() | st.integers(1, 4),
     expired=st.booleans(),
@@ -143,7 +151,8 @@ def test_a_lease_taken_back_is_what_the_core_says(
                 "lease_owner": r.owner,
                 "lease_token": TOKENS[r.owner],
                 "lease_expires_at": lease_ends[r.expired],
-                "last_error": r.stamp,
+                "suspect": r.mark,
+                "last_error": stamp_of(r.mark),
                 "attempts": r.attempts,
                 "max_attempts": r.max_attempts,
             }
@@ -191,14 +200,20 @@ def test_a_lease_taken_back_is_what_the_core_says(
             assert old.id not in history
             continue
         want = suspects.reclaim(
-            Leased(seq, r.stamp, r.attempts, r.max_attempts),
+            Leased(seq, suspects.suspect_of(r.mark), r.attempts, r.max_attempts),
             reason=reasons[how](r.owner),
             max_attempts=default,
             now=now,
         )
-        assert (new.state, new.attempts, new.last_error) == want.change, r
+        assert (new.state, new.attempts, new.suspect, new.last_error) == (
+            want.state,
+            want.attempts,
+            want.suspect.value,
+            want.last_error,
+        ), r
         assert (new.lease_owner, new.lease_token) == (None, None)
-        assert utc(new.lease_expires_at) == utc(old.lease_expires_at)  # the suspect's mark
+        # Schema 6's mark of a suspect stays: a relay of that release claims it apart too.
+        assert utc(new.lease_expires_at) == utc(old.lease_expires_at)
         assert utc(new.last_failed_at) == now
         assert utc(new.available_at) == utc(old.available_at)
         (record,) = history[old.id]
@@ -216,18 +231,106 @@ def test_a_lease_taken_back_is_what_the_core_says(
         assert utc(record.next_attempt_at) == want.record.next_attempt_at
 
 
+def test_every_lease_taken_back_at_once_is_one_statement_whatever_each_becomes(
+    frozen: tuple[Engine, SqlStore, list[dt.datetime]],
+) -> None:
+    engine, store, times = frozen
+    now = times[-1]
+    expired = now - dt.timedelta(minutes=1)
+    # In a batch, in a group, alone with attempts left, alone and out of them: four decisions.
+    marks = [
+        (None, 1),
+        (Suspect.GROUP.value, 1),
+        (Suspect.ALONE.value, 1),
+        (Suspect.ALONE.value, 9),
+    ]
+    put(
+        engine,
+        [
+            {
+                "state": "in_flight",
+                "lease_owner": "r1",
+                "lease_token": TOKENS["r1"],
+                "lease_expires_at": expired,
+                "suspect": mark,
+                "attempts": attempts,
+            }
+            for mark, attempts in marks
+        ],
+        now,
+    )
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(" ".join(statement.split()))
+
+    event.listen(store.engine, "before_cursor_execute", seen)
+    try:
+        assert store.reclaim_expired(relay_id=ME, max_attempts=9) == 4
+    finally:
+        event.remove(store.engine, "before_cursor_execute", seen)
+    assert sum(s.startswith("UPDATE outbox_message") for s in statements) == 1
+    assert sum(s.startswith("INSERT INTO outbox_attempt") for s in statements) == 1
+    assert {r.state for r in read(engine).values()} == {"pending", "dead"}
+
+
 # ------------------------------------------------------------------------ giving rows back
+
+# (its mark, its attempts) -> (attempts after, last_error after, a suspect still)
+RELEASES: list[tuple[str | None, int, tuple[int, str, bool]]] = [
+    (None, 1, (0, "stopping", False)),
+    (None, 4, (3, "stopping", False)),
+    (None, 0, (0, "stopping", False)),
+    (Suspect.GROUP.value, 2, (1, "stopping", True)),  # still a suspect, in groups
+    (Suspect.ALONE.value, 2, (1, SOLITARY, True)),  # still to be claimed alone
+]
+
+
+@pytest.mark.parametrize(("mark", "attempts", "expected"), RELEASES)
+def test_what_giving_a_row_back_unsent_does_to_it(
+    frozen: tuple[Engine, SqlStore, list[dt.datetime]],
+    mark: str | None,
+    attempts: int,
+    expected: tuple[int, str, bool],
+) -> None:
+    engine, store, times = frozen
+    now = times[-1]
+    token = TOKENS["r1"]
+    (seq,) = put(
+        engine,
+        [
+            {
+                "state": "in_flight",
+                "lease_owner": "r1",
+                "lease_token": token,
+                "lease_expires_at": now + dt.timedelta(minutes=1),
+                "suspect": mark,
+                "last_error": stamp_of(mark) or "an old error",
+                "attempts": attempts,
+            }
+        ],
+        now,
+    )
+    assert store.release(token, [seq], delay_seconds=0, error="stopping") == 1
+    row = read(engine)[seq]
+    left, error, suspect = expected
+    assert (row.state, row.attempts, row.last_error) == ("pending", left, error)
+    assert row.suspect == mark  # claimed as before
+    # Schema 6's mark: a suspect's lease_expires_at set.
+    assert utc(row.lease_expires_at) == (now if suspect else None)
+    assert (row.lease_owner, row.lease_token) == (None, None)
+    assert utc(row.available_at) == now
 
 
 @EXAMPLES
 @given(
     rows=st.lists(
-        st.tuples(st.sampled_from(STAMPS), st.integers(0, 4), st.booleans()),
+        st.tuples(st.sampled_from(MARKS), st.integers(0, 4), st.booleans()),
         min_size=1,
         max_size=8,
     )
 )
-def test_a_row_given_back_is_what_the_core_says(
+def test_a_row_given_back_keeps_its_mark_and_its_attempt(
     frozen: tuple[Engine, SqlStore, list[dt.datetime]],
     rows: list[tuple[str | None, int, bool]],
 ) -> None:
@@ -243,10 +346,11 @@ def test_a_row_given_back_is_what_the_core_says(
                 "lease_owner": "r1",
                 "lease_token": token,
                 "lease_expires_at": now + dt.timedelta(minutes=1),
-                "last_error": stamp,
+                "suspect": mark,
+                "last_error": stamp_of(mark),
                 "attempts": attempts,
             }
-            for stamp, attempts, _ in rows
+            for mark, attempts, _ in rows
         ],
         now,
     )
@@ -254,18 +358,14 @@ def test_a_row_given_back_is_what_the_core_says(
     before = read(engine)
     assert store.release(token, given_back, delay_seconds=0, error="stopping") == len(given_back)
     after = read(engine)
-    for seq, (stamp, attempts, back) in zip(seqs, rows, strict=True):
+    for seq, (mark, attempts, back) in zip(seqs, rows, strict=True):
         old, new = before[seq], after[seq]
         if not back:
             assert tuple(new) == tuple(old)
             continue
-        want = suspects.release(Leased(seq, stamp, attempts, None), error="stopping")
-        assert (new.state, new.attempts, new.last_error) == (
-            "pending",
-            want.attempts,
-            want.last_error,
-        ), stamp
-        assert utc(new.lease_expires_at) == (now if want.suspect else None)
+        assert (new.state, new.attempts, new.suspect) == ("pending", max(attempts - 1, 0), mark)
+        assert new.last_error == (SOLITARY if mark == Suspect.ALONE.value else "stopping")
+        assert utc(new.lease_expires_at) == (now if mark is not None else None)
         assert (new.lease_owner, new.lease_token) == (None, None)
         assert utc(new.available_at) == now
 
@@ -278,8 +378,8 @@ class Ready:
     keyed: bool
     priority: int
     waited: int  # minutes due
-    suspect: bool
-    stamp: str | None
+    mark: str | None
+    last_error: str | None
 
 
 ready_rows = st.builds(
@@ -287,8 +387,9 @@ ready_rows = st.builds(
     keyed=st.booleans(),
     priority=st.integers(0, 2),
     waited=st.integers(1, 3),
-    suspect=st.booleans(),
-    stamp=st.sampled_from(STAMPS),
+    mark=st.sampled_from(MARKS),
+    # Nothing in last_error makes a row a suspect, schema 6's texts included.
+    last_error=st.sampled_from([None, SOLITARY, GROUPED, "a nack"]),
 )
 
 
@@ -316,8 +417,9 @@ def test_a_claim_takes_what_the_core_chooses(
                 "key": uuid.uuid4().hex if r.keyed else None,
                 "priority": r.priority,
                 "available_at": now - dt.timedelta(minutes=r.waited),
-                "lease_expires_at": now - dt.timedelta(minutes=1) if r.suspect else None,
-                "last_error": r.stamp,
+                "lease_expires_at": now - dt.timedelta(minutes=1) if r.mark else None,
+                "suspect": r.mark,
+                "last_error": r.last_error,
                 "attempts": 1,
             }
             for r in rows
@@ -328,7 +430,7 @@ def test_a_claim_takes_what_the_core_chooses(
         zip(seqs, rows, strict=True), key=lambda sr: (-sr[1].priority, -sr[1].waited, sr[0])
     )
     best = [
-        Candidate(seq, "k" if r.keyed else None, r.suspect, r.suspect and r.stamp == SOLITARY)
+        Candidate(seq, "k" if r.keyed else None, r.mark is not None, r.mark == Suspect.ALONE.value)
         for seq, r in order[:limit]
     ]
     choice = suspects.choose(best, group=group)
@@ -348,4 +450,5 @@ def test_a_claim_takes_what_the_core_chooses(
             assert tuple(new) == tuple(old)
             continue
         assert (new.state, new.lease_token, new.attempts) == ("in_flight", token, 2)
+        assert new.suspect == old.suspect  # a claim leaves the mark as it is
         assert new.last_error == (choice.stamp if choice.suspects else old.last_error)
