@@ -3,8 +3,10 @@
 -- configuration (relay/store/queries.py).
 --
 -- Each runs as a single statement in autocommit mode: one round trip, and no transaction left open
--- between a claim and its settlement (the lease, not a lock, protects the row in between). The one
--- exception is a resource change (circuits, rate buckets), a read and a write under FOR UPDATE.
+-- between a claim and its settlement (the lease, not a lock, protects the row in between). The
+-- exceptions are a resource change (circuits, rate buckets), a read and a write under FOR UPDATE,
+-- and taking leases back, the same short transaction on every database (common.sql,
+-- stuck_columns).
 --
 -- `coalesce(:now, now())` is the time everywhere: :now is NULL in production, so it is the server's
 -- clock, the one clock every relay shares; tests bind a frozen time.

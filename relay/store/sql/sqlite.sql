@@ -4,16 +4,17 @@
 --
 -- SQLite has one writer at a time and no data-modifying CTEs, so what is one statement on
 -- PostgreSQL (postgres.sql, where each statement's reasons are given) is a few here, inside one
--- BEGIN IMMEDIATE transaction: the write lock it takes up front is what keeps two relays from
--- claiming the same row, and what makes the statements inside see and change the same rows.
+-- BEGIN IMMEDIATE transaction (relay/store/stepwise.py; those MySQL writes alike are in
+-- common.sql): the write lock it takes up front is what keeps two relays from claiming the same
+-- row, and what makes the statements inside see and change the same rows.
 --
 -- SQLite has no time type: times are text in the format SQLAlchemy's DateTime writes
 -- ('YYYY-MM-DD HH:MM:SS.ffffff', UTC), so comparisons are plain string order. {{now}} is :now when
 -- a test froze time, else SQLite's clock in that same format (to the millisecond: %f is SS.SSS),
 -- and a time plus a bound number of seconds is
 -- strftime('%Y-%m-%d %H:%M:%f000', coalesce(:now, 'now'), printf('%+.6f seconds', :seconds)).
--- A transaction of several statements reads the time once (read_now), so they all agree on it;
--- the statements inside one bind it as :now, which is then never NULL.
+-- A transaction of several statements reads the time once (common.sql, read_now), so they all
+-- agree on it; the statements inside one bind it as :now, which is then never NULL.
 --
 -- Per-key order: SQLite uses a partial index only where the query names its predicate, so every
 -- look at a key's rows names outbox_message_key_idx's own state list ({{blocking_hold}}), and
@@ -75,11 +76,11 @@ AND {{resource}} NOT IN (SELECT value FROM json_each(:exclude))
 AND (:only IS NULL OR {{resource}} = :only)
 
 -- select_unkeyed --
--- Claiming is four statements in one transaction (five with runs): the unkeyed and the keyed
--- candidates (keyed ones with whether each is its key's head), the runs behind the heads chosen
--- (followers), parking the keyed candidates that are neither heads nor in a run, and leasing the
--- best :limit of the rest with their runs. Per-key order, parking, resources and runs as in
--- postgres.sql's claim; there is no SKIP LOCKED to need, the write lock is already held.
+-- A claim's candidates (relay/store/stepwise.py runs the rest): the unkeyed ones and the keyed
+-- ones (select_keyed, with whether each is its key's head), then the runs behind the heads chosen
+-- (followers), and common.sql's park, claim_rows and claimed. Per-key order, parking, resources
+-- and runs as in postgres.sql's claim; there is no SKIP LOCKED to need, the write lock is already
+-- held.
 SELECT seq, priority, available_at, suspect IS NOT NULL AS suspect,
        coalesce(suspect = 'alone', false) AS solitary, key
 FROM outbox_message
