@@ -68,32 +68,11 @@ def require_driver(driver: str) -> None:
         raise ConfigError(remedy) from None
 
 
-# psycopg's prepare_threshold: how many runs of a statement before psycopg prepares it on the
-# server; None never does (what a transaction pooler needs: PgBouncer hands each transaction
-# whichever server connection is free, where the statement is not prepared, or is prepared
-# under the same name by another client). SQLAlchemy hands URL query values to the driver as
-# text, and the text "None" makes the first statement fail with a TypeError: read here instead.
-PREPARE_THRESHOLD = "prepare_threshold"
-
-
 def driver_arguments(url: URL) -> tuple[URL, dict[str, Any]]:
-    """`url` without the query parameters read here, and those as the driver's connect
-    arguments (`prepare_threshold=None|none|N` on PostgreSQL). ConfigError names a bad value."""
-    if url.get_backend_name() != "postgresql" or PREPARE_THRESHOLD not in url.query:
-        return url, {}
-    raw = url.query[PREPARE_THRESHOLD]
-    value = raw if isinstance(raw, str) else None  # given twice: refused below
-    if value is not None and value.lower() == "none":
-        threshold = None
-    elif value is not None and value.isascii() and value.isdigit() and len(value) <= 9:
-        threshold = int(value)
-    else:
-        raise ConfigError(
-            f"{PREPARE_THRESHOLD} must be None (never prepare statements on the server) or a "
-            f"whole number of runs, not {raw!r}"
-        )
-    rest = url.difference_update_query([PREPARE_THRESHOLD])
-    return rest, {PREPARE_THRESHOLD: threshold}
+    """`url` without the query parameters its dialect reads itself, and those as the driver's
+    connect arguments (Dialect.url_arguments). ConfigError names a bad value."""
+    dialect = DIALECTS.get(url.get_backend_name())
+    return (url, {}) if dialect is None else dialect.url_arguments(url)
 
 
 @functools.cache

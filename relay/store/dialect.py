@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from outbox.dberrors import DbFailure, classify_db_error, sqlstate_of
@@ -129,6 +129,13 @@ class Dialect(ABC):
         the database's own (connection_options)."""
         pool = {"pool_size": pool_size, "max_overflow": 2, "pool_timeout": pool_timeout}
         return {**pool, **cls.connection_options()}
+
+    @classmethod
+    def url_arguments(cls, url: URL) -> tuple[URL, dict[str, Any]]:
+        """`url` without the query parameters this dialect reads itself, and those as the
+        driver's connect arguments; ConfigError names a bad value. None by default: SQLAlchemy
+        hands a URL's query to the driver as it is."""
+        return url, {}
 
     @classmethod
     def connection_options(cls) -> dict[str, Any]:

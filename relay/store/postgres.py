@@ -16,10 +16,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from outbox.enqueue import NOTIFY_CHANNEL
+from relay.errors import ConfigError
 from relay.ports import TableHealth
 from relay.store import queries
 from relay.store.dialect import Dialect
@@ -82,6 +83,12 @@ NOTIFY_PROBE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %s)"
 
 # ------------------------------------------------------------------------ poolers
 
+# psycopg's prepare_threshold: how many runs of a statement before psycopg prepares it on the
+# server; None never does (what a transaction pooler needs: PgBouncer hands each transaction
+# whichever server connection is free, where the statement is not prepared, or is prepared
+# under the same name by another client). A URL may set it (Postgres.url_arguments).
+PREPARE_THRESHOLD = "prepare_threshold"
+
 BACKEND = SQL.text("backend")
 
 
@@ -134,10 +141,30 @@ class Postgres(Dialect):
                 "application_name": "outbox-relay",
                 # No server-side prepared statements: behind a transaction pooler they fail
                 # (DuplicatePreparedStatement, InvalidSqlStatementName) and crash the relay.
-                # A URL's ?prepare_threshold=N turns them back on (databases.driver_arguments).
+                # A URL's ?prepare_threshold=N turns them back on (url_arguments).
                 "prepare_threshold": None,
             },
         }
+
+    @classmethod
+    def url_arguments(cls, url: URL) -> tuple[URL, dict[str, Any]]:
+        # SQLAlchemy hands URL query values to the driver as text, and the text "None" makes
+        # the first statement fail with a TypeError: prepare_threshold is read here instead.
+        if PREPARE_THRESHOLD not in url.query:
+            return url, {}
+        raw = url.query[PREPARE_THRESHOLD]
+        value = raw if isinstance(raw, str) else None  # given twice: refused below
+        if value is not None and value.lower() == "none":
+            threshold = None
+        elif value is not None and value.isascii() and value.isdigit() and len(value) <= 9:
+            threshold = int(value)
+        else:
+            raise ConfigError(
+                f"{PREPARE_THRESHOLD} must be None (never prepare statements on the server) or "
+                f"a whole number of runs, not {raw!r}"
+            )
+        rest = url.difference_update_query([PREPARE_THRESHOLD])
+        return rest, {PREPARE_THRESHOLD: threshold}
 
     @classmethod
     def pooled(cls, dbapi_conn: Any) -> str | None:
