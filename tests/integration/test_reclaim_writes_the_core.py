@@ -276,6 +276,22 @@ def test_every_lease_taken_back_at_once_is_one_statement_whatever_each_becomes(
 
 # ------------------------------------------------------------------------ giving rows back
 
+
+def held_by_r1(
+    mark: str | None, attempts: int, now: dt.datetime, *, error: str | None = None
+) -> dict[str, Any]:
+    """A row relay r1 holds, claimed as `mark` says (schema 6's text for it in last_error)."""
+    return {
+        "state": "in_flight",
+        "lease_owner": "r1",
+        "lease_token": TOKENS["r1"],
+        "lease_expires_at": now + dt.timedelta(minutes=1),
+        "suspect": mark,
+        "last_error": stamp_of(mark) or error,
+        "attempts": attempts,
+    }
+
+
 # (its mark, its attempts) -> (attempts after, last_error after, a suspect still)
 RELEASES: list[tuple[str | None, int, tuple[int, str, bool]]] = [
     (None, 1, (0, "stopping", False)),
@@ -296,21 +312,7 @@ def test_what_giving_a_row_back_unsent_does_to_it(
     engine, store, times = frozen
     now = times[-1]
     token = TOKENS["r1"]
-    (seq,) = put(
-        engine,
-        [
-            {
-                "state": "in_flight",
-                "lease_owner": "r1",
-                "lease_token": token,
-                "lease_expires_at": now + dt.timedelta(minutes=1),
-                "suspect": mark,
-                "last_error": stamp_of(mark) or "an old error",
-                "attempts": attempts,
-            }
-        ],
-        now,
-    )
+    (seq,) = put(engine, [held_by_r1(mark, attempts, now, error="an old error")], now)
     assert store.release(token, [seq], delay_seconds=0, error="stopping") == 1
     row = read(engine)[seq]
     left, error, suspect = expected
@@ -338,22 +340,7 @@ def test_a_row_given_back_keeps_its_mark_and_its_attempt(
     fresh(engine)
     now = times[-1]
     token = TOKENS["r1"]
-    seqs = put(
-        engine,
-        [
-            {
-                "state": "in_flight",
-                "lease_owner": "r1",
-                "lease_token": token,
-                "lease_expires_at": now + dt.timedelta(minutes=1),
-                "suspect": mark,
-                "last_error": stamp_of(mark),
-                "attempts": attempts,
-            }
-            for mark, attempts, _ in rows
-        ],
-        now,
-    )
+    seqs = put(engine, [held_by_r1(mark, attempts, now) for mark, attempts, _ in rows], now)
     given_back = [seq for seq, (_, _, back) in zip(seqs, rows, strict=True) if back]
     before = read(engine)
     assert store.release(token, given_back, delay_seconds=0, error="stopping") == len(given_back)
