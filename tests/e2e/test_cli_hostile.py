@@ -66,8 +66,8 @@ def _commands() -> dict[str, argparse.ArgumentParser]:
 
 
 COMMANDS = _commands()
-# Commands that talk to no service (`grants` prints SQL): given valid input they succeed.
-OFFLINE = frozenset({"grants"})
+# Commands that talk to no service (`grants` and `sql` print SQL): given valid input they succeed.
+OFFLINE = frozenset({"grants", "sql"})
 TOPOLOGY = str(Path(__file__).parents[1] / "support" / "topology.toml")
 
 
