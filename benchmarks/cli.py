@@ -25,6 +25,10 @@ Phases, in order (choose with --phases):
                time: the bound for any relay that keeps a key's order whatever the broker does;
                and relay.Publisher alone sending one key's chain, and four keys' chains side by
                side: the bounds the relay's one-key and four-key drains are judged against
+  neighbour    a healthy exchange's messages drained in-process beside a missing exchange's:
+               one row in six of the backlog (24,000 rows, or --messages if fewer), interleaved,
+               goes there and its circuit opens; and the same drain with those rows removed
+               (target: beside at least 0.3x alone)
   small        a backlog of --messages 80-byte bodies (a database of its own): the raw pika
                ceiling on them and the in-process drain, and the relay's CPU per message
   kill         a relay subprocess with default settings drains a committed backlog (20,000, or
@@ -77,6 +81,7 @@ from benchmarks.fixtures import (
     names,
 )
 from benchmarks.insert_cost import measure_insert_cost
+from benchmarks.neighbour import measure as measure_neighbour
 from benchmarks.profiles import print_summary
 from benchmarks.report import report
 from benchmarks.results import (
@@ -108,6 +113,7 @@ PHASES = (
     "enqueue",
     "wakeup",
     "hot-key",
+    "neighbour",
     "small",
     "kill",
     "steady-kill",
@@ -225,7 +231,8 @@ def _run(
     now = time.time()
 
     needs_backlog = {
-        "in-process", "subprocess", "one-at-a-time", "prepared", "signed", "store", "hot-key"
+        "in-process", "subprocess", "one-at-a-time", "prepared", "signed", "store", "hot-key",
+        "neighbour",
     }  # fmt: skip
     if (needs_backlog | {"enqueue", "wakeup"}) & set(phases):
         db.create()
@@ -363,6 +370,8 @@ def _phase(
         say(f"  {row.extras[-1]}")
     elif phase == "hot-key":
         _hot_key(tag, args, db, broker, payloads, now, results)
+    elif phase == "neighbour":
+        measure_neighbour(tag, args, db, broker, results)
     elif phase == "window-need":
         bounds.window_need(tag, args, broker, payloads, now, results)
     elif phase == "small":

@@ -166,6 +166,8 @@ def figures(results: Results) -> Figures:
         hot_publisher=value("hot-publisher"),
         hot_4=value("hot-4"),
         hot_publisher_4=value("hot-publisher-4"),
+        neighbour=value("neighbour"),
+        neighbour_alone=value("neighbour-alone"),
         small=value("small"),
         small_ceiling=value("small-ceiling"),
         small_relay_us=median(small.relay_us) if small is not None else None,

@@ -33,6 +33,8 @@ FIGURES = {
     "hot-serial": "raw pika, one confirm at a time",
     "hot-publisher": "relay Publisher alone, one key's chain",
     "hot-publisher-4": "relay Publisher alone, four keys' chains",
+    "neighbour-alone": "healthy exchange alone (beside nothing broken)",
+    "neighbour": "healthy exchange beside a broken one",
     **{f"window-{w}": f"raw pika ceiling, window {w}" for w in WINDOWS},
     "window-need": "the window the broker needs",
     "kill": "SIGKILL mid-drain, duplicates",
@@ -49,6 +51,7 @@ BASES = {
     "hot-serial": ("hot-unkeyed", "unkeyed"),
     "hot-publisher": ("hot-unkeyed", "unkeyed"),
     "hot-publisher-4": ("hot-unkeyed", "unkeyed"),
+    "neighbour": ("neighbour-alone", "alone"),
     "small": ("small-ceiling", "80-byte ceiling"),
 }
 # Rows whose values are not rates: left out of the table, reported below it.

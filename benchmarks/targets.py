@@ -16,6 +16,12 @@ KILL_PER_K = 2  # duplicates after a SIGKILL mid-drain, at most, per message of 
 KILL_RECOVERY_S = 6.0  # a SIGKILL mid-drain's restart to the last message, at most
 STEADY_KILL = 100  # duplicates after a SIGKILL at a steady 1,000 msg/s, at most
 HOT_BOUND = 0.9  # a hot key's drain over the relay's Publisher alone on the same chains, at least
+# A healthy exchange's drain beside a broken one over the same drain alone, at least. A broken
+# neighbour costs the healthy flow the failures before its circuit opens and the claims passing
+# its rows by; a large factor means the circuit does not isolate it (claims stuck behind its rows,
+# each of them failing again). Loose on purpose: the share of rows that are broken (one in six)
+# and the machine's load move the ratio, and a miss has to mean the isolation, not the noise.
+BESIDE_BROKEN = 0.3
 
 
 def window_need(rates: Mapping[int, float]) -> int | None:
@@ -62,6 +68,8 @@ class Figures:
     hot_publisher: float | None = None
     hot_4: float | None = None
     hot_publisher_4: float | None = None
+    neighbour: float | None = None  # the healthy exchange beside a broken one
+    neighbour_alone: float | None = None  # the same drain with nothing broken beside it
     small: float | None = None
     small_ceiling: float | None = None
     small_relay_us: float | None = None
@@ -109,6 +117,12 @@ def target_lines(f: Figures) -> list[str]:
     lines += _at_least(f"one hot key >= {alone} one chain", f.hot_1, f.hot_publisher, HOT_BOUND)
     lines += _at_least(
         f"four hot keys >= {alone} four chains", f.hot_4, f.hot_publisher_4, HOT_BOUND
+    )
+    lines += _at_least(
+        f"healthy exchange beside a broken one >= {BESIDE_BROKEN:.1f}x alone",
+        f.neighbour,
+        f.neighbour_alone,
+        BESIDE_BROKEN,
     )
     if f.small is not None:
         parts = [f"relay drain {f.small:,.0f} msg/s"]

@@ -1,9 +1,11 @@
 """Circuit breakers and rate limits against the real PostgreSQL and RabbitMQ.
 
-One exchange is broken for a while (deleted, then recreated) beside a healthy one: the healthy
-one keeps its pace, the broken one's circuit opens, its messages burn no attempts while it is
-open, none is dead-lettered because of the outage, and all arrive after it recovers. Two relays
-share the circuit and only one probes at a time.
+One exchange is broken for a while (deleted, then recreated) beside a healthy one: every healthy
+message arrives while the other is broken, none charged a failure; the broken one's circuit
+opens, its messages are held back, passed by and burn no attempts while it is open, none is
+dead-lettered because of the outage, and all arrive after it recovers. Two relays share the
+circuit and only one probes at a time. (How fast the healthy one goes beside the broken one is
+the benchmark's `neighbour` phase: a pace, measured on an idle machine, not a test.)
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 from sqlalchemy import Engine, text
@@ -54,30 +56,29 @@ def attempt_outcomes(engine: Engine, ids: Sequence[uuid.UUID]) -> dict[str, int]
         return {str(outcome): int(n) for outcome, n in rows}
 
 
-def deliver_and_time(broker: Broker, ids: list[uuid.UUID], started: float) -> float:
-    broker.collect_ids(ids, timeout=60)
-    return time.monotonic() - started
+def states(engine: Engine, ids: Sequence[uuid.UUID]) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT state, count(*) FROM outbox_message WHERE id = ANY(:ids) GROUP BY state"),
+            {"ids": [str(i) for i in ids]},
+        )
+        return {str(state): int(n) for state, n in rows}
 
 
-@pytest.mark.xdist_group("heavy")  # compares two drain paces: not beside another drain
-def test_a_broken_exchange_leaves_the_healthy_one_at_full_pace_and_loses_nothing(
+@pytest.mark.xdist_group("heavy")  # a full-speed drain: not beside another one
+def test_a_broken_exchange_holds_its_own_messages_while_the_healthy_one_delivers_all(
     pg_engine: Engine,
     pg_url: str,
     broker: Broker,
     relay_factory: RelayFactory,
-    record_property: Callable[[str, object], None],
-    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="relay")
     healthy = broker.exchange
     broken = broker.declare_exchange()
     broker.bind(broker.queue, broken)
     relay = relay_factory(pg_url, circuit=FAST)
     n_healthy, n_broken = 3000, 600
-
-    # Baseline: nothing broken.
-    started = time.monotonic()
-    baseline_ids = enqueue(pg_engine, [(healthy, f"base-{i}") for i in range(n_healthy)])
-    baseline = deliver_and_time(broker, baseline_ids, started)
 
     # The outage: the broken exchange's messages are interleaved with the healthy ones.
     broker.delete_exchange(broken)
@@ -86,25 +87,53 @@ def test_a_broken_exchange_leaves_the_healthy_one_at_full_pace_and_loses_nothing
         plan.append((healthy, f"ok-{i}"))
         if i % 5 == 0:
             plan.append((broken, f"broken-{i}"))
-    started = time.monotonic()
     ids = enqueue(pg_engine, plan)
     healthy_ids = [i for i, (ex, _) in zip(ids, plan, strict=True) if ex == healthy]
     broken_ids = [i for i, (ex, _) in zip(ids, plan, strict=True) if ex == broken]
     assert len(broken_ids) == n_broken
-    during = deliver_and_time(broker, healthy_ids, started)
 
+    # Every healthy message arrives while its neighbour is still missing, and none of them was
+    # charged a failure: the broken exchange's messages failed on a channel of their own.
+    broker.collect_ids(healthy_ids, timeout=60)
+    assert {str(i) for i in healthy_ids} <= {d.message_id for d in broker.received}
+    assert attempt_outcomes(pg_engine, healthy_ids) == {}
+    wait_until(  # a message may reach the queue a moment before its row is marked
+        lambda: states(pg_engine, healthy_ids) == {"published": n_healthy}, what="healthy marked"
+    )
     wait_until(lambda: circuit_of(relay, broken) is not CircuitState.CLOSED, what="open circuit")
     # Only the failures up to the threshold counted against their messages (before the circuit
-    # knew the exchange was broken); every later one, and every failed probe, was free.
+    # knew the exchange was broken); every later one, and every failed probe, was free. Without
+    # a circuit each of the 600 would have been charged a failure by now, and kept failing until
+    # dead; with it they wait, none lost, while the healthy ones went past them.
     outcomes = attempt_outcomes(pg_engine, broken_ids)
     assert outcomes.get("retry", 0) <= FAST.threshold, outcomes
     assert outcomes.get("dead", 0) == 0, outcomes
-    # The probes keep failing while it is down; the circuit reopens, nothing dies.
+    held = states(pg_engine, broken_ids)
+    assert held.get("published", 0) == held.get("dead", 0) == 0, held
+    assert sum(held.values()) == n_broken, held
+    # The probes keep failing while it is down; the circuit reopens, nothing dies. And the open
+    # circuit passes the 600 by: the only messages still sent to the broken exchange are the
+    # probes, each one free attempt (plus one probe begun before `since`). A relay that claimed
+    # them anyway would send each one again at every cooldown's end: hundreds of free attempts.
+    since = time.time()
     time.sleep(2 * FAST.max_cooldown)
     assert circuit_of(relay, broken) is not CircuitState.CLOSED
     outcomes = attempt_outcomes(pg_engine, broken_ids)
     assert outcomes.get("retry", 0) <= FAST.threshold, outcomes
+    assert outcomes.get("dead", 0) == 0, outcomes
     assert outcomes.get("deferred", 0) >= 1, outcomes  # probes happened, and burned nothing
+    probes = [
+        r for r in caplog.records if r.getMessage() == "circuit.half_open" and r.created >= since
+    ]
+    with pg_engine.connect() as conn:
+        free_since = conn.execute(
+            text(
+                "SELECT count(*) FROM outbox_attempt WHERE message_id = ANY(:ids) "
+                "AND outcome = 'deferred' AND at >= to_timestamp(:t)"
+            ),
+            {"ids": [str(i) for i in broken_ids], "t": since},
+        ).scalar_one()
+    assert free_since <= len(probes) + 1, (free_since, len(probes))
 
     # Recovery: recreate the exchange; the next probe closes the circuit and everything flows.
     broker.declare_exchange(broken)
@@ -114,18 +143,11 @@ def test_a_broken_exchange_leaves_the_healthy_one_at_full_pace_and_loses_nothing
     with pg_engine.connect() as conn:
         dead = conn.execute(text("SELECT count(*) FROM outbox_message WHERE state = 'dead'"))
         assert dead.scalar_one() == 0
+    wait_until(
+        lambda: states(pg_engine, ids) == {"published": n_healthy + n_broken}, what="all marked"
+    )
     delivered = {d.message_id for d in broker.received}
-    assert {str(i) for i in ids + baseline_ids} <= delivered
-
-    ratio = (n_healthy / during) / (n_healthy / baseline)
-    record_property("healthy_rate_ratio_during_outage", round(ratio, 3))
-    with capsys.disabled():
-        print(
-            f"\n[circuits] healthy exchange: {n_healthy / baseline:,.0f} msg/s alone, "
-            f"{n_healthy / during:,.0f} msg/s beside a broken one ({ratio:.2f}x)"
-        )
-    # A ratio, not a time: a broken neighbour must not cost the healthy flow a large factor.
-    assert ratio > 0.3
+    assert {str(i) for i in ids} <= delivered
 
 
 def test_two_relays_see_the_same_circuit_and_only_one_probes_at_a_time(

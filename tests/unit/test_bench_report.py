@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import profiles
-from benchmarks.report import _comparisons
+from benchmarks.neighbour import Held
+from benchmarks.report import _comparisons, _table, figures
 from benchmarks.results import Results, add
 from benchmarks.targets import Figures, target_lines, window_line, window_need
 
@@ -129,3 +130,50 @@ def test_one_hot_key_against_the_unkeyed_drain_is_a_figure_not_a_target() -> Non
     assert lines == ["one hot key: 0.17x the unkeyed drain; its bound, raw pika one confirm at a "
                      "time, 0.20x"]  # fmt: skip
     assert not [line for line in lines if line.startswith("target")]
+
+
+@pytest.mark.parametrize(("beside", "word"), [(900.0, "met"), (899.0, "NOT met")])
+def test_a_healthy_exchange_beside_a_broken_one_is_judged_against_itself_alone(
+    beside: float, word: str
+) -> None:
+    lines = target_lines(Figures(neighbour=beside, neighbour_alone=3000.0))
+    line = _line(lines, "target healthy exchange beside a broken one >= 0.3x alone: ")
+    assert line.endswith(f": {word} ({beside:,.0f} vs 3,000 msg/s: {beside / 3000:.2f}x)")
+
+
+def test_the_drain_beside_a_broken_one_without_the_drain_alone_cannot_be_judged() -> None:
+    line = _line(target_lines(Figures(neighbour=900.0)), "target healthy exchange beside")
+    assert "cannot be judged (900 msg/s; its bound was not measured)" in line
+
+
+def test_the_neighbour_rows_reach_the_targets_and_the_table_as_a_ratio_to_alone() -> None:
+    results: Results = {}
+    add(results, "neighbour-alone", 3000.0)
+    add(results, "neighbour", 2400.0)
+    found = figures(results)
+    assert (found.neighbour, found.neighbour_alone) == (2400.0, 3000.0)
+    row = _line(_table(results), "healthy exchange beside a broken one ")
+    assert row.endswith("2,400 msg/s  0.80x alone"), row
+
+
+def test_the_broken_exchange_s_messages_held_whole_are_no_problem() -> None:
+    held = Held(500, {"pending": 499, "in_flight": 1}, {"retry": 5, "deferred": 161})
+    assert held.problem is None
+    assert held.describe() == (
+        "the broken exchange's 500 messages held: 5 attempts charged before its circuit opened, "
+        "161 free (sent before it opened, or probes)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("states", "outcomes"),
+    [
+        ({"pending": 499}, {}),  # one lost
+        ({"pending": 499, "published": 1}, {}),  # sent to an exchange that does not exist
+        ({"pending": 499, "dead": 1}, {"dead": 1}),  # dead-lettered by the outage
+    ],
+)
+def test_a_broken_exchange_s_message_lost_published_or_dead_is_a_problem(
+    states: dict[str, int], outcomes: dict[str, int]
+) -> None:
+    assert Held(500, states, outcomes).problem is not None
