@@ -223,17 +223,13 @@ class MalformedRow(ValueError):
     """A stored row cannot be turned into a message: it would fail the same way forever."""
 
 
-# Called once per batch, with one outcome per message, when the broker has settled them all.
+# Called once per batch, with one outcome per message, when the broker has answered them all.
 Done = Callable[[list[Outcome]], None]
 
 
 class Publisher(Protocol):
     ready: bool  # connected, with somewhere to publish
     blocked: bool  # the broker pushes back (a resource alarm): publish nothing new
-
-    @property
-    def alive(self) -> bool:
-        """Whether the publisher can still settle what it is given (its IO thread runs)."""
 
     def encode(
         self, row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None
@@ -244,10 +240,18 @@ class Publisher(Protocol):
     def start(self, timeout: float = ...) -> None:
         """Connect; raise BrokerUnavailable if that fails."""
 
+    def wait(self, timeout: float) -> None:
+        """Do the broker's IO for up to `timeout` seconds (0: what is ready now): the answers
+        that arrive call their batches' `done`. Returns early on `interrupt()`."""
+
+    def interrupt(self) -> None:
+        """End a `wait()` early; the only method safe from another thread."""
+
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
     ) -> None:
-        """Hand over a batch; `done(outcomes)` is called (from any thread) once all are settled.
+        """Hand over a batch; `done(outcomes)` is called once the broker has answered every
+        message: in a later `wait()`, or at once when none can be sent.
 
         `chain`: the batches handed over with the same chain go one message at a time, in the
         order handed over, each sent once the one before it is confirmed; after the first that

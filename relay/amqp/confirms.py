@@ -1,9 +1,9 @@
-"""What the publisher's IO thread tracks until the broker answers: each batch's outcomes as they
+"""What the publisher tracks until the broker answers: each batch's outcomes as they
 come, each exchange's confirm channel with its unconfirmed deliveries, and the order of each
 chain's batches (`Chains`: one message at a time, each sent from the confirm of the one before
 it; ports.Publisher.publish).
 
-Only the IO thread touches these, so nothing here locks.
+Only the relay's one thread touches these, so nothing here locks.
 """
 
 from __future__ import annotations

@@ -1,9 +1,15 @@
-"""Everything pika: one connection in its own IO thread, publisher confirms streamed.
+"""Everything pika: one connection, publisher confirms streamed, on the caller's thread.
 
 Many messages are in flight at once (pika's asynchronous adapter; a BlockingConnection waits for
 each confirm and tops out near a fifth of the rate). The relay hands over whole batches with
-`publish()`; once every message of a batch is settled, `done` is called with one `Outcome` per
-message. Nothing outside this module knows what a delivery tag is.
+`publish()`; once the broker has answered every message of a batch, `done` is called with one
+`Outcome` per message. Nothing outside this module knows what a delivery tag is.
+
+The publisher has no thread of its own: the thread that uses it does its IO in `wait()`, which
+reads the broker's answers (calling `done` there), writes what was published, and runs pika's
+timers (reconnects, confirm timeouts). The relay loop calls it between its turns, so one thread
+claims, sends, reads confirms and records them, and nothing is handed between threads.
+`interrupt()` is the one method another thread may call: it ends a `wait()` early.
 
 The broker may be a cluster: the nodes are tried in the order given, and a failed connect or a
 lost connection moves on to the next node at once; only when every node failed does the
@@ -21,7 +27,6 @@ import contextlib
 import itertools
 import logging
 import struct
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -40,7 +45,7 @@ from relay.amqp.confirms import Batch, Chains, Chan, answer
 from relay.amqp.connect_errors import connect_error
 from relay.amqp.nodes import Node, Rounds, broker_nodes, lost_fields, plain
 from relay.amqp.tls import TlsOptions
-from relay.amqp.untraced import basic_publish, suppress_instrumentation, wrapped_pika
+from relay.amqp.untraced import basic_publish, untraced, wrapped_pika
 from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
 from relay.core.outcome import Fate, Outcome
 from relay.core.signing import Keyring
@@ -67,8 +72,8 @@ class Publisher:
     def encode(
         self, row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None
     ) -> Outgoing:
-        """A claimed row as a message on this wire, checked against this connection's frame_max
-        (called by the relay loop, on its own thread); MalformedRow when there can be none."""
+        """A claimed row as a message on this wire, checked against this connection's frame_max;
+        MalformedRow when there can be none."""
         signer = self._keyring.for_exchange(row.exchange) if self._keyring is not None else None
         return to_outgoing(
             row,
@@ -103,39 +108,66 @@ class Publisher:
         self.node: str | None = None  # host:port of the node connected to, for logs and /readyz
         self._confirm_timeout = confirm_timeout
         self._ioloop = IOLoop()
-        self._thread: threading.Thread | None = None
+        self._started = False  # the poller is active: wait() does IO, stop() has work to do
         self._conn: Any = None
         self._chans: OrderedDict[str, Chan] = OrderedDict()  # least recently used first
         self._chains = Chains(self._next_in_chain)
         self._returned: dict[str, str] = {}
         self._stopping = False
-        self._first_attempt = threading.Event()
+        self._first_attempt = False  # a node answered, or every node failed once
         self._first_error: str | None = None
         # Nodes that failed before any answered, and why: logged once one answers, or said all
         # at once by start() when none does (one line, not a warning per node before it).
         self._first_round: list[tuple[Node, str]] = []
-        self.ready = False  # read by other threads; a plain bool is atomic enough
+        self.ready = False  # read by /readyz on the HTTP thread; a plain bool is atomic enough
         self.blocked = False
         # What the broker negotiated at connection.tune; RabbitMQ closes the connection on a
         # larger frame, so encode() refuses a message whose header frame would be.
         self._frame_max = DEFAULT_FRAME_MAX
         self.connections = 0  # connections opened so far: more than one means one was lost
 
-    # ----------------------------------------------------------------- other threads' API
+    # ----------------------------------------------------------------- the caller's API
 
     def start(self, timeout: float = 10.0) -> None:
         """Connect to the first node that answers, in order; raise BrokerUnavailable if none
         does (`timeout` seconds per node)."""
-        self._thread = threading.Thread(target=self._run, name="publisher-io", daemon=True)
-        self._thread.start()
-        self._ioloop.add_callback_threadsafe(self._connect)
+        wrapped = wrapped_pika()
+        if wrapped:
+            log.info("broker.instrumentation_bypassed", extra={"wrapped": ",".join(wrapped)})
+        self._ioloop.activate_poller()
+        self._started = True
+        with untraced():
+            self._connect()
+        self._ioloop.call_later(1.0, self._check_confirm_timeouts)
         waited = timeout * len(self._rounds.nodes)
-        if not self._first_attempt.wait(waited):
+        deadline = time.monotonic() + waited
+        while not self._first_attempt and time.monotonic() < deadline:
+            self.wait(deadline - time.monotonic())
+        if not self._first_attempt:
             self.stop(1.0)
             raise BrokerUnavailable(f"broker {self._all_urls} did not answer within {waited:.0f} s")
         if self._first_error is not None:
             self.stop(1.0)
             raise BrokerUnavailable(f"cannot connect to broker {self._why_none_answered()}")
+
+    def wait(self, timeout: float) -> None:
+        """Do the broker's IO: wait up to `timeout` seconds for it (0: only what is ready), then
+        handle what came (the broker's answers call their batches' `done` here) and the timers
+        that are due. Returns after the first burst of events, or `interrupt()`."""
+        if not self._started:
+            return
+        loop = self._ioloop
+        # pika's poll waits until its next timer: this one bounds the wait.
+        bound = loop.call_later(max(0.0, timeout), _nothing)
+        with untraced():
+            loop.poll()
+            loop.process_timeouts()
+        loop.remove_timeout(bound)
+
+    def interrupt(self) -> None:
+        """End the current or next `wait()` at once. Safe from any thread and signal handler."""
+        if self._started:
+            self._ioloop.add_callback_threadsafe(_nothing)
 
     def _why_none_answered(self) -> str:
         """Where and why, in one line: each node and its error, in plain words but the last
@@ -149,44 +181,30 @@ class Publisher:
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
     ) -> None:
-        """Publish a batch; `done(outcomes)` is called from the IO thread once all are settled.
-        A chain's batches go one message at a time (ports.Publisher.publish)."""
-        batch = Batch(items, done, time.monotonic(), chain=chain)
-        self._ioloop.add_callback_threadsafe(lambda: self._publish(batch))
+        """Publish a batch; `done(outcomes)` is called from `wait()` once the broker has answered
+        every message (at once when none can be sent). A chain's batches go one message at a
+        time (ports.Publisher.publish)."""
+        with untraced():
+            self._publish(Batch(items, done, time.monotonic(), chain=chain))
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Close the connection; unsettled messages are reported UNCONFIRMED or NOT_SENT."""
-        if self._thread is None:
+        """Close the connection; unanswered messages are reported UNCONFIRMED or NOT_SENT."""
+        if not self._started:
             return
-        self._ioloop.add_callback_threadsafe(self._shutdown)
-        self._thread.join(timeout)
-        if not self._thread.is_alive():
-            # The loop's wake-up socket pair is ours to close once the loop has stopped.
-            with contextlib.suppress(Exception):
-                self._ioloop.close()
-        self._thread = None
+        self._shutdown()
+        deadline = time.monotonic() + timeout
+        while self._conn is not None and time.monotonic() < deadline:
+            self.wait(deadline - time.monotonic())
+        self.ready = False
+        self._fail_everything("publisher stopped before the broker confirmed")
+        self._started = False
+        with contextlib.suppress(Exception):
+            self._ioloop.deactivate_poller()
+        # The loop's wake-up socket pair is ours to close once nothing polls it.
+        with contextlib.suppress(Exception):
+            self._ioloop.close()
 
     # ----------------------------------------------------------------- connection
-
-    @property
-    def alive(self) -> bool:
-        """Whether the IO thread runs (before start and after stop: True, nothing to settle).
-        A callback that raised ends it: nothing would be settled any more."""
-        thread = self._thread
-        return thread is None or thread.is_alive()
-
-    def _run(self) -> None:
-        # This thread only publishes and settles: no instrumentation may touch its messages.
-        suppress_instrumentation()
-        wrapped = wrapped_pika()
-        if wrapped:
-            log.info("broker.instrumentation_bypassed", extra={"wrapped": ",".join(wrapped)})
-        self._ioloop.call_later(1.0, self._check_confirm_timeouts)
-        try:
-            self._ioloop.start()
-        finally:
-            self.ready = False  # nothing publishes without this thread (the loop claims nothing)
-            self._fail_everything("publisher stopped before the broker confirmed")
 
     @property
     def _url(self) -> str:
@@ -221,16 +239,16 @@ class Publisher:
         self._first_round.clear()
         self.ready = True
         log.info("broker.connected", extra={"node": self.node, "broker": self._url})
-        self._first_attempt.set()
+        self._first_attempt = True
 
     def _on_connection_open_error(self, _conn: Any, err: BaseException) -> None:
+        self._conn = None
         self._lost(f"connection failed: {connect_error(err)}")
 
     def _on_connection_closed(self, _conn: Any, reason: BaseException) -> None:
         self._conn = None
         if self._stopping:
             self._fail_everything("publisher stopped before the broker confirmed")
-            self._ioloop.stop()
             return
         self._lost(f"connection closed: {reason}")
 
@@ -239,15 +257,14 @@ class Publisher:
         self.node = None
         self._fail_everything(why)
         failure = self._rounds.failed()
-        starting = not self._first_attempt.is_set()
+        starting = not self._first_attempt
         if starting:
             self._first_round.append((failure.node, why))
             if failure.round_over:
                 self._first_error = why
-                self._first_attempt.set()
+                self._first_attempt = True
                 return
         if self._stopping:
-            self._ioloop.stop()
             return
         delay = self._rounds.backoff(failure)
         if not starting:
@@ -350,7 +367,7 @@ class Publisher:
 
     def _next_in_chain(self, batch: Batch, i: int) -> None:
         """Send message `i` of a chained batch (the one before it was confirmed). Straight from
-        the confirm's callback: no thread hop and no database round trip between the two."""
+        the confirm's callback: no database round trip between the two."""
         if self._conn is None or not self._conn.is_open or self._stopping:
             why = "connection blocked" if self.blocked else "no connection to the broker"
             outcome = Outcome(batch.items[i].ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
@@ -477,7 +494,11 @@ class Publisher:
         if self._conn is not None and not self._conn.is_closed:
             try:
                 self._conn.close()
-                return  # _on_connection_closed stops the loop
-            except Exception:  # noqa: S110 - fall through to stopping the loop
+                return  # stop() waits for _on_connection_closed
+            except Exception:  # noqa: S110 - the connection is dropped below
                 pass
-        self._ioloop.stop()
+        self._conn = None
+
+
+def _nothing() -> None:
+    """A timer or callback whose only effect is to end a wait."""

@@ -9,16 +9,18 @@ span over it, so the consumer would land in another trace. So the relay:
 - calls pika's own `Channel.basic_publish` as a plain function, taken at import from under any
   wrapper already installed (wrapt and functools wrappers keep it as `__wrapped__`): a wrapper
   set on a channel object, or on the class later, is not on the path;
-- runs its IO thread with OpenTelemetry's suppress-instrumentation flag set, which every
-  OpenTelemetry instrumentation checks before it records or injects anything, in case one hooks
-  in deeper than `basic_publish`.
+- does its pika work (`untraced()`: publishing, and the IO that reads confirms) with
+  OpenTelemetry's suppress-instrumentation flag set, which every OpenTelemetry instrumentation
+  checks before it records or injects anything, in case one hooks in deeper than
+  `basic_publish`. Only there: the relay's database calls on the same thread stay traceable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from opentelemetry import context
 from pika.channel import Channel
@@ -41,6 +43,16 @@ def suppress_instrumentation() -> contextvars.Token[context.Context]:
     for key in _SUPPRESS_KEYS:
         ctx = context.set_value(key, True, ctx)
     return context.attach(ctx)
+
+
+@contextlib.contextmanager
+def untraced() -> Iterator[None]:
+    """No instrumentation records or injects anything inside."""
+    token = suppress_instrumentation()
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def wrapped_pika() -> list[str]:

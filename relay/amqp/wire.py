@@ -3,7 +3,7 @@
 A stored row may hold anything (a hand-edited row, a bug, another writer): every field is
 checked here, per row and completely, before anything is sent. What fails raises MalformedRow
 naming the field, and the loop dead-letters that row alone. Anything that got past this check
-and failed later would fail worse: an encoding error in pika's IO thread, or a frame RabbitMQ
+and failed later would fail worse: an encoding error inside pika's IO, or a frame RabbitMQ
 answers by closing the connection, which republishes every message then in flight.
 """
 

@@ -59,7 +59,7 @@ class Claimer:
         guard: ResourceGuard,
         observer: Observer,
         leases: Leases,
-        finished: Callable[[Finished], None],  # takes outcomes, from the publisher's thread
+        finished: Callable[[Finished], None],  # takes a chunk's outcomes (Publisher.wait)
         clock: Callable[[], float],
         fresh: Callable[[float], bool] = _always_fresh,  # the heartbeat allows claims
     ) -> None:
@@ -114,7 +114,7 @@ class Claimer:
             or not self._fresh(now)  # the heartbeat wakes the loop when it is fresh again
         ):
             # Nothing to claim until an answer comes, the broker unblocks or the heartbeat is
-            # fresh. Returning `now` here would spin and starve the publisher thread of the GIL.
+            # fresh (each of those ends the wait early). Returning `now` here would spin.
             return now + config.poll_interval
         until = max(self._next_claim, now)
         tokens_due = self._guard.next_token_due()
@@ -153,8 +153,7 @@ class Claimer:
         if claimed:
             # A full batch: claim again at once. Less: it took all there was, and the next look
             # comes after the shortest wait, the looks after it twice as long each time. A look
-            # at once finds nothing, and its work holds the GIL just as the publisher's thread
-            # wakes to send what this claim handed it.
+            # at once would find nothing, and cost a query while the confirms come in.
             self._empty = 0 if claimed == limit else 1
             if claimed < limit:
                 self._next_claim = now + config.min_poll_interval

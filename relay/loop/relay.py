@@ -3,9 +3,14 @@
 `run_once()` does one non-blocking pass and says what it did; `run()` only loops and waits, and
 every wait ends early on a stop request. The work is its parts': the claimer (claims, probes, rate
 tokens, the publisher's window), the settler (writes outcomes) and the upkeep (leases,
-retention). The publisher reports outcomes from its own thread, through a queue that is also how
-`request_stop`, `wake` and the heartbeat (relay/loop/pulse.py, which `run()` starts) reach the
-loop.
+retention).
+
+Threads. One thread does the work: it claims, hands rows to the publisher, does the broker's IO
+(`Publisher.wait`, where the broker's answers arrive as calls to `done`) and writes the outcomes;
+nothing it holds is shared. Two threads only signal it, through `_inbox` and
+`Publisher.interrupt()`: the heartbeat (relay/loop/pulse.py, which `run()` starts: "declared
+dead", "claim again") and, when LISTEN is on, the listener (`wake`); `request_stop` comes from a
+signal handler or another thread the same way.
 
 One message's path, in the order it happens:
 
@@ -16,10 +21,11 @@ One message's path, in the order it happens:
 3. Hand over. `Claimer.pump` -> `Claimer._publish`: while the window has room, a chunk of rows
    (`Chunk`, in `Lease.chunks`) is encoded (`Publisher.encode`) and handed to
    `Publisher.publish` with a `done` callback; chains go whole (`chains.hand_over`).
-4. Send and confirm, on the publisher's thread (relay/amqp/publisher.py): `Publisher._publish`
-   -> `_send` (basic.publish on the exchange's confirm channel) ... `_on_confirm` -> `_settle`;
-   once every message of the chunk is answered, `done(outcomes)` puts a `Finished` in the inbox.
-5. Answer. `Relay._settle` -> `Relay._handle`: `Lease.answer` takes the chunk's answer once,
+4. Send and confirm (relay/amqp/publisher.py): `Publisher._publish` -> `_send` (basic.publish
+   on the exchange's confirm channel); later, in `Publisher.wait`, `_on_confirm` -> `_settle`;
+   once every message of the chunk is answered, `done(outcomes)` adds a `Finished` to
+   `_answered`.
+5. Answer. `Relay._settle` -> `Relay._answer`: `Lease.answer` takes the chunk's answer once,
    `chains.answered` says what of it is to be written, and `Settler.add` queues it (a chunk the
    publisher holds too long is answered by `_give_up_overdue` instead).
 6. Mark. `Settler.settle` (relay/loop/settler.py): decide (relay/core/settlement.py, past the
@@ -57,6 +63,7 @@ from relay.ports import Publisher, RetentionFailed, Store
 
 log = logging.getLogger("relay")
 
+# What other threads tell the loop (`_inbox`).
 _STOP = object()
 _WAKE = object()
 _DECLARED_DEAD = object()  # another relay found this one's heartbeat stopped
@@ -87,14 +94,15 @@ class Relay:
         self.guard = guard
         self.observer = observer
         self._clock = clock
-        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()  # from other threads
+        self._answered: list[Finished] = []  # the publisher's answers, in `Publisher.wait`
         self._leases = Leases()
         self._stopping = False
         self.pulse = Pulse(
             store,
             config,
             clock=clock,
-            declared_dead=lambda: self._inbox.put(_DECLARED_DEAD),
+            declared_dead=lambda: self._signal(_DECLARED_DEAD),
             wake=self.wake,
         )
         self.claimer = Claimer(
@@ -104,7 +112,7 @@ class Relay:
             guard=guard,
             observer=observer,
             leases=self._leases,
-            finished=self._inbox.put,
+            finished=self._answered.append,
             clock=clock,
             fresh=self.pulse.fresh,
         )
@@ -119,25 +127,26 @@ class Relay:
         )
         self.maintenance = Maintenance(store, config, leases=self._leases, wall=wall)
         self.summary = Counts()  # the sum of every pass so far
-        # When the loop last turned able to publish (for /healthz): a loop whose publisher's IO
-        # thread died turns on, but nothing it claims could ever settle, so it is not alive.
+        # When the loop last turned (for /healthz): one stuck in a call goes stale.
         self.heartbeat = clock()
         self._crashed = False  # run() is ending on an exception: release_all abandons
 
     # ----------------------------------------------------------------- control
 
     def request_stop(self) -> None:
-        """Ask the loop to drain and stop. Safe from a signal handler (SimpleQueue.put is)."""
-        self._inbox.put(_STOP)
+        """Ask the loop to drain and stop. Safe from any thread and a signal handler."""
+        self._signal(_STOP)
 
     def wake(self) -> None:
-        """A message was committed: claim now instead of at the next poll."""
-        self._inbox.put(_WAKE)
+        """A message was committed: claim now instead of at the next poll. From any thread."""
+        self._signal(_WAKE)
+
+    def _signal(self, event: object) -> None:
+        self._inbox.put(event)
+        self.publisher.interrupt()  # the loop may be waiting for the broker's IO
 
     def problem(self) -> str | None:
         """Why this relay cannot do its work, or None (for /healthz)."""
-        if not self.publisher.alive:
-            return "the publisher's IO thread has stopped"
         return self.pulse.problem(self._clock())
 
     @property
@@ -192,12 +201,14 @@ class Relay:
         return counts
 
     def _settle(self, counts: Counts) -> None:
-        """Take what reached the inbox, then write every answered chunk."""
-        while True:
-            try:
-                self._handle(self._inbox.get_nowait())
-            except queue.Empty:
-                break
+        """Take what the broker and the other threads said, then write every answered chunk."""
+        if not self._crashed:  # after a crash, no more IO: the publisher may be why
+            self.publisher.wait(0)  # the broker's answers that have arrived, without waiting
+        self._take_signals()
+        answered = self._answered[:]  # the claimer appends to this very list
+        self._answered.clear()
+        for finished in answered:
+            self._answer(finished)
         try:
             if self.settler.settle(counts):
                 # Settling can make new rows claimable (the next message of each key whose
@@ -206,15 +217,24 @@ class Relay:
         except DatabaseUnavailable as exc:
             self._db_failed("settle", exc)
 
+    def _answer(self, finished: Finished) -> None:
+        lease = self._leases.get(finished.token)
+        chunk = None if lease is None else lease.answer(finished.chunk)
+        if lease is not None and chunk is not None:
+            self.settler.add(chains.answered(lease, chunk, finished, self._clock()))
+        # else: given up as overdue, or given back, before the publisher answered: the answer
+        # changes nothing.
+
+    def _take_signals(self) -> None:
+        while True:
+            try:
+                event = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(event)
+
     def _handle(self, event: object) -> None:
-        if isinstance(event, Finished):
-            lease = self._leases.get(event.token)
-            chunk = None if lease is None else lease.answer(event.chunk)
-            if lease is not None and chunk is not None:
-                self.settler.add(chains.answered(lease, chunk, event, self._clock()))
-            # else: given up as overdue, or given back, before the publisher answered: the
-            # answer changes nothing.
-        elif event is _STOP:
+        if event is _STOP:
             if not self._stopping:
                 log.info("relay.stopping", extra={"in_flight": self.in_flight})
             self._stopping = True
@@ -226,8 +246,8 @@ class Relay:
     def _give_up_overdue(self, now: float) -> None:
         """Settle as unconfirmed every chunk the publisher has held past max_batch_life.
 
-        A chunk is normally answered within the confirm timeout; one that is not (an IO thread
-        that died, a message queued on a channel that never opened) would otherwise keep its
+        A chunk is normally answered within the confirm timeout; one that is not (a bug that
+        lost its answer, a message queued on a channel that never opened) would otherwise keep its
         rows leased for ever, its lease extended at every upkeep. Not the messages' fault, so
         no attempt is charged; the publisher's late answer, if any, is ignored."""
         life = self.config.max_batch_life
@@ -288,8 +308,7 @@ class Relay:
         self.pulse.start()
         try:
             while not self._stopping:
-                if self.publisher.alive:
-                    self.heartbeat = self._clock()
+                self.heartbeat = self._clock()
                 if self.run_once().full_batch:
                     continue  # backlog: claim the next batch at once
                 self._wait(self._wait_time())
@@ -320,12 +339,9 @@ class Relay:
         return max(0.0, min(until - now, self.config.poll_interval))
 
     def _wait(self, timeout: float) -> None:
-        """Wait up to `timeout` for the inbox: an outcome, a wake-up or a stop ends it."""
-        try:
-            event = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        self._handle(event)
+        """Do the broker's IO for up to `timeout`: an answer, a wake-up or a stop ends it."""
+        self.publisher.wait(timeout)
+        self._take_signals()
 
     def _drain(self) -> None:
         """Give back what was never sent, wait for the confirms of what was (bounded), settle

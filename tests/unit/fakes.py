@@ -397,7 +397,6 @@ class FakePublisher:
     hold: bool = False
     ready: bool = True
     blocked: bool = False
-    alive: bool = True
     held: list[tuple[Sequence[Outgoing], Done]] = field(default_factory=list)
     chained: list[list[int]] = field(default_factory=list)  # the refs of each chain's batch
     chain_ids: list[Hashable] = field(default_factory=list)  # the chain of each of those
@@ -408,6 +407,12 @@ class FakePublisher:
 
     def start(self, timeout: float = 10.0) -> None:
         self.ready = True
+
+    def wait(self, timeout: float) -> None:
+        """Nothing to read: every answer was given in publish() or by a test's call."""
+
+    def interrupt(self) -> None:
+        pass
 
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None

@@ -1,5 +1,5 @@
-"""The loop at its edges: suspects go out alone, no batch lives for ever, a dead publisher thread
-is seen, a half-written settlement is not counted twice, retention cannot stop the loop, and a
+"""The loop at its edges: suspects go out alone, no batch lives for ever, a stuck loop is seen and
+a failure in the broker's IO ends it, a half-written settlement is not counted twice, retention cannot stop the loop, and a
 crash gives up what was sent as an expired lease would."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_a_batch_without_outcomes_is_retried_after_its_life_without_charging_it(
     assert store.states() == {1: "pending", 2: "pending"}
 
 
-def test_a_dead_publisher_thread_makes_healthz_fail() -> None:
+def test_a_loop_that_stops_turning_makes_healthz_fail() -> None:
     publisher = FakePublisher()
     relay, clock = make_relay(FakeStore(), publisher)
     health = HealthServer(
@@ -83,12 +83,30 @@ def test_a_dead_publisher_thread_makes_healthz_fail() -> None:
     )
     try:
         assert health.answer("/healthz")[0] == 200
-        publisher.alive = False
+        clock.now += 31  # stuck in a call: the loop has not turned since
         status, _, body = health.answer("/healthz")
         assert status == 503
-        assert b"IO thread" in body
+        assert b"stalled" in body
     finally:
         health.stop()
+
+
+class BrokenIO(FakePublisher):
+    """The broker's IO raises (a bug in a callback): the loop must not go on without it."""
+
+    def wait(self, timeout: float) -> None:
+        raise RuntimeError("a callback raised")
+
+
+def test_a_failure_in_the_brokers_io_ends_the_loop_and_gives_the_rows_back() -> None:
+    store = FakeStore()
+    store.add(make_claimed(1), make_claimed(2))
+    relay, _ = make_relay(store, BrokenIO(hold=True))
+    with pytest.raises(RuntimeError, match="a callback raised"):
+        relay.run()
+    relay.release_all("relay crashed")
+    assert relay.in_flight == 0
+    assert set(store.states().values()) == {"pending"}
 
 
 class FailSecondResource(FakeStore):
