@@ -37,7 +37,7 @@ Phases, in order (choose with --phases):
 `--db mariadb://root@127.0.0.1:3306/test` (every phase but `prepared`, which is psycopg's).
 The kill phases run the chaos suite's scenarios (tests/chaos) on that kind of server, on a schema
 or database, exchange and queue of their own. The queue is purged after every phase; the
-databases and the queue are removed at the end. With --profile, a summary of both profiles
+databases and the queue are removed at the end. With --profile, a summary of the profile
 (own time, by where the code lives) follows the report.
 """
 
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         type=Path,
         metavar="DIR",
-        help="cProfile both threads of the in-process relay into DIR/*.prof (slows it down)",
+        help="cProfile the in-process relay's thread into DIR/relay-loop.prof (slows it down)",
     )
     return p
 
