@@ -339,8 +339,13 @@ class Relay:
         return max(0.0, min(until - now, self.config.poll_interval))
 
     def _wait(self, timeout: float) -> None:
-        """Do the broker's IO for up to `timeout`: an answer, a wake-up or a stop ends it."""
-        self.publisher.wait(timeout)
+        """Do the broker's IO for up to `timeout`: a chunk's answer, a wake-up or a stop ends
+        it. Other IO (a confirm of part of a chunk, a chain's next send) needs no turn."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.publisher.wait(max(0.0, deadline - time.monotonic()))
+            if self._answered or not self._inbox.empty() or time.monotonic() >= deadline:
+                break
         self._take_signals()
 
     def _drain(self) -> None:
