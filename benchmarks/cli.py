@@ -91,6 +91,7 @@ from benchmarks.results import (
 )
 from benchmarks.wakeup import measure_wakeup
 from outbox.signing import new_secret
+from relay.amqp.wire import with_properties
 from relay.core.signing import keys_text
 from relay.loop import chains
 from relay.ports import Outgoing
@@ -385,13 +386,8 @@ def _phase(
 def _outgoing(broker: BenchBroker, payloads: Sequence[bytes], now: float) -> list[Outgoing]:
     """The messages as the relay would hand them to its publisher, built before any clock runs."""
     return [
-        Outgoing(
-            i,
-            str(uuid.uuid4()),
-            broker.exchange,
-            ROUTING_KEY,
-            body,
-            message_properties(uuid.uuid4(), now),
+        with_properties(
+            i, broker.exchange, ROUTING_KEY, body, message_properties(uuid.uuid4(), now)
         )
         for i, body in enumerate(payloads)
     ]

@@ -363,6 +363,7 @@ def drain_one_at_a_time(
     Drains `limit` messages of the backlog (it is slow; its rate is what is compared)."""
     import pika
 
+    from relay.amqp.frames import decode_properties
     from relay.amqp.wire import to_outgoing
 
     store = open_store(db.url)
@@ -386,8 +387,9 @@ def drain_one_at_a_time(
             for row in rows:
                 item = to_outgoing(row)
                 # Blocks until the broker confirms (raises on nack or return).
+                props = decode_properties(item.header)
                 channel.basic_publish(
-                    item.exchange, item.routing_key, item.body, item.properties, mandatory=True
+                    item.exchange, item.routing_key, item.body, props, mandatory=True
                 )
                 done += store.mark_published(token, [row.seq])
         finished = time.perf_counter()

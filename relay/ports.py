@@ -204,14 +204,17 @@ class ResourceRow:
 
 @dataclass(slots=True)
 class Outgoing:
-    """A message ready for the wire (relay/amqp/wire.py makes one from a Claimed row)."""
+    """A message ready for the wire (relay/amqp/wire.py makes one from a Claimed row): its
+    basic.publish and content header already encoded (relay/amqp/frames.py), so sending it is
+    framing them with a channel's number."""
 
     ref: int  # the row's seq: the outcome names it
     message_id: str
     exchange: str
     routing_key: str
     body: bytes
-    properties: Any  # the broker client's message properties (pika.BasicProperties)
+    method: bytes  # the basic.publish method's arguments, encoded
+    header: bytes  # the content header (body size and properties), encoded
 
 
 class RetentionFailed(RelayError):

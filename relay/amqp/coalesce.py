@@ -53,6 +53,10 @@ class CoalescingConnection(SelectConnection):  # type: ignore[misc]  # pika is u
             held.clear()
         self._held_bytes = 0
 
+    def send_frames(self, data: bytes) -> None:
+        """Write frames made outside pika (relay/amqp/frames.py), counted as pika counts its own."""
+        self._output_marshaled_frames((data,))
+
     @contextlib.contextmanager
     def coalesced(self) -> Iterator[None]:
         """Write the frames made inside as one write at the end (nested: at the outermost), or

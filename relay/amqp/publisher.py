@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import struct
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -37,15 +36,15 @@ from pika.adapters.select_connection import IOLoop
 from pika.exceptions import (
     AMQPConnectionError,
     ChannelClosedByBroker,
-    UnsupportedAMQPFieldException,
 )
 
+from relay.amqp import frames
 from relay.amqp.coalesce import CoalescingConnection
 from relay.amqp.confirms import Batch, Chains, Chan, answer
 from relay.amqp.connect_errors import connect_error
 from relay.amqp.nodes import Node, Rounds, broker_nodes, lost_fields, plain
 from relay.amqp.tls import TlsOptions
-from relay.amqp.untraced import basic_publish, untraced, wrapped_pika
+from relay.amqp.untraced import untraced, wrapped_pika
 from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
 from relay.core.outcome import Fate, Outcome
 from relay.core.signing import Keyring
@@ -54,10 +53,6 @@ from relay.errors import BrokerUnavailable
 from relay.ports import Claimed, Done, Outgoing
 
 log = logging.getLogger("relay.publisher")
-
-# What basic_publish raises when the message itself cannot be encoded (as opposed to a channel
-# that is closing): such a message would fail the same way forever.
-_ENCODING_ERRORS = (TypeError, ValueError, struct.error, UnsupportedAMQPFieldException)
 
 # AMQP allows 2047 channels per connection by default; idle ones beyond this are closed.
 MAX_CHANNELS = 256
@@ -385,20 +380,19 @@ class Publisher:
 
     def _send(self, chan: Chan, batch: Batch, i: int) -> None:
         item = batch.items[i]
-        try:
-            # pika's own method, around any wrapper that would rewrite traceparent (untraced.py)
-            basic_publish(
-                chan.channel, item.exchange, item.routing_key, item.body, item.properties, True
+        channel = chan.channel
+        if not channel.is_open:  # closing: its close callback answers what it has
+            why = "publish failed: the channel is closing"
+            self._settle(
+                batch, i, Outcome(item.ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
             )
-        except _ENCODING_ERRORS as exc:
-            reason = f"cannot encode message: {exc!r}"
-            self._settle(batch, i, Outcome(item.ref, Fate.NOT_SENT, reason, malformed=True))
             return
-        except Exception as exc:
-            reason = f"publish failed: {exc!r}"
-            outcome = Outcome(item.ref, Fate.NOT_SENT, reason, while_blocked=self.blocked)
-            self._settle(batch, i, outcome)
-            return
+        # The message's own frames (relay/amqp/frames.py), written as pika writes its own: no
+        # instrumentation of basic_publish is on the path (untraced.py).
+        self._conn.send_frames(
+            frames.frame(channel.channel_number, item.method, item.header, item.body,
+                         self._frame_max)
+        )  # fmt: skip
         chan.next_tag += 1
         chan.unconfirmed[chan.next_tag] = (batch, i)
 

@@ -13,6 +13,7 @@ import pytest
 
 from relay.amqp.coalesce import WRITE_AT
 from relay.amqp.publisher import Publisher
+from relay.amqp.wire import with_properties
 from relay.core.outcome import Fate, Outcome
 from relay.errors import BrokerUnavailable
 from relay.ports import Outgoing
@@ -92,7 +93,7 @@ def test_publisher_connects_and_stops(amqp_url: str, thread_errors: list[BaseExc
 def _item(ref: int, exchange: str, routing_key: str = "r") -> Outgoing:
     message_id = str(uuid.uuid4())
     props = pika.BasicProperties(message_id=message_id, delivery_mode=2)
-    return Outgoing(ref, message_id, exchange, routing_key, f"{ref}".encode(), props)
+    return with_properties(ref, exchange, routing_key, f"{ref}".encode(), props)
 
 
 def test_a_chain_sends_nothing_after_a_message_that_was_not_confirmed(
@@ -202,10 +203,8 @@ def test_a_batch_reaches_the_socket_in_one_write_and_arrives_intact(
         small_writes = list(writes)
         large = [_item(n, broker.exchange) for n in range(101, 111)]
         for n in (103, 107):  # over frame_max (131,072): three body frames each
-            was = large[n - 101]
-            large[n - 101] = Outgoing(
-                n, was.message_id, broker.exchange, "r", bytes([n]) * 300_000, was.properties
-            )
+            props = pika.BasicProperties(message_id=large[n - 101].message_id, delivery_mode=2)
+            large[n - 101] = with_properties(n, broker.exchange, "r", bytes([n]) * 300_000, props)
         outcomes += _answers(publisher, [large])
         large_writes = writes[len(small_writes) :]
         chain = [_item(n, broker.exchange) for n in range(111, 114)]

@@ -12,7 +12,7 @@ from relay.ports import Outgoing
 
 
 def item(ref: int) -> Outgoing:
-    return Outgoing(ref, str(ref), "ex", "rk", b"{}", None)
+    return Outgoing(ref, str(ref), "ex", "rk", b"{}", b"", b"")
 
 
 class Wire:

@@ -1,6 +1,6 @@
-"""The loop at its edges: suspects go out alone, no batch lives for ever, a stuck loop is seen and
-a failure in the broker's IO ends it, a half-written settlement is not counted twice, retention cannot stop the loop, and a
-crash gives up what was sent as an expired lease would."""
+"""The loop at its edges: suspects go out alone, no batch lives for ever, a stuck loop is seen
+and a failure in the broker's IO ends it, a half-written settlement is not counted twice,
+retention cannot stop the loop, and a crash gives up what was sent as an expired lease would."""
 
 from __future__ import annotations
 
