@@ -437,7 +437,7 @@ def _hot_key(
                 publish_only,
                 args.amqp,
                 items,
-                batch_size=chains.PIECE,
+                batch_size=chains.CHUNK,
                 chains=lanes,
                 timeout=args.timeout,
             ),

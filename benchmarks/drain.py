@@ -319,7 +319,7 @@ def publish_only(
 
     total = len(items)
     # (batch, its chain or None), in the order they are handed over: with chains, each chain's
-    # first piece, then each one's second..., so that every chain starts at once.
+    # first chunk, then each one's second..., so that every chain starts at once.
     lanes = [list(items[c::chains]) if chains else list(items) for c in range(max(chains, 1))]
     cut = [[lane[i : i + batch_size] for i in range(0, len(lane), batch_size)] for lane in lanes]
     batches = deque(

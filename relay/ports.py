@@ -208,7 +208,7 @@ class Outgoing:
     basic.publish and content header already encoded (relay/amqp/frames.py), so sending it is
     framing them with a channel's number."""
 
-    ref: int  # the row's seq: the outcome names it
+    seq: int  # the row's: its outcome names it
     message_id: str
     exchange: str
     routing_key: str
@@ -262,4 +262,4 @@ class Publisher(Protocol):
         one. A key's order then holds whatever the broker does with any one of them."""
 
     def stop(self, timeout: float = ...) -> None:
-        """Close; unsettled messages are reported as not confirmed."""
+        """Close; unanswered messages are reported as not confirmed."""

@@ -1,8 +1,8 @@
 """Everything pika: one connection, publisher confirms streamed, on the caller's thread.
 
 Many messages are in flight at once (pika's asynchronous adapter; a BlockingConnection waits for
-each confirm and tops out near a fifth of the rate). The relay hands over whole batches with
-`publish()`; once the broker has answered every message of a batch, `done` is called with one
+each confirm and tops out near a fifth of the rate). The relay hands over whole chunks with
+`publish()`; once the broker has answered every message of a chunk, `done` is called with one
 `Outcome` per message. Nothing outside this module knows what a delivery tag is.
 
 The publisher has no thread of its own: the thread that uses it does its IO in `wait()`, which
@@ -18,7 +18,7 @@ publisher back off before the next round (relay/amqp/nodes.py, Rounds).
 Each exchange gets its own confirm channel: publishing to a missing exchange makes the broker
 close the channel (404), and with one channel per exchange that takes down only the messages
 that were going there, never the other destinations' messages in flight. What is waiting for
-the broker's answer (batches, channels, chains) is tracked in relay/amqp/confirms.py.
+the broker's answer (chunks, channels, chains) is tracked in relay/amqp/confirms.py.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pika.exceptions import (
 
 from relay.amqp import frames
 from relay.amqp.coalesce import CoalescingConnection
-from relay.amqp.confirms import Batch, Chains, Chan, answer
+from relay.amqp.confirms import Chains, Chan, Chunk, report
 from relay.amqp.connect_errors import connect_error
 from relay.amqp.nodes import Node, Rounds, broker_nodes, lost_fields, plain
 from relay.amqp.tls import TlsOptions
@@ -147,7 +147,7 @@ class Publisher:
 
     def wait(self, timeout: float) -> None:
         """Do the broker's IO: wait up to `timeout` seconds for it (0: only what is ready), then
-        handle what came (the broker's answers call their batches' `done` here) and the timers
+        handle what came (the broker's answers call their chunks' `done` here) and the timers
         that are due. Returns after the first burst of events, or `interrupt()`."""
         if not self._started:
             return
@@ -176,11 +176,11 @@ class Publisher:
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
     ) -> None:
-        """Publish a batch; `done(outcomes)` is called from `wait()` once the broker has answered
-        every message (at once when none can be sent). A chain's batches go one message at a
+        """Publish a chunk; `done(outcomes)` is called from `wait()` once the broker has answered
+        every message (at once when none can be sent). A chain's chunks go one message at a
         time (ports.Publisher.publish)."""
         with untraced():
-            self._publish(Batch(items, done, time.monotonic(), chain=chain))
+            self._publish(Chunk(items, done, time.monotonic(), chain=chain))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close the connection; unanswered messages are reported UNCONFIRMED or NOT_SENT."""
@@ -314,8 +314,8 @@ class Publisher:
         chan.next_tag = 0
         queued, chan.queued = chan.queued, []
         with self._conn.coalesced():
-            for batch, i in queued:
-                self._send(chan, batch, i)
+            for chunk, i in queued:
+                self._send(chan, chunk, i)
 
     def _on_channel_closed(self, chan: Chan, reason: BaseException) -> None:
         if self._chans.get(chan.exchange) is chan:
@@ -334,57 +334,57 @@ class Publisher:
 
     # ----------------------------------------------------------------- publishing
 
-    def _publish(self, batch: Batch) -> None:
-        n = len(batch.items)
-        batch.outcomes = [None] * n
-        batch.remaining = n
+    def _publish(self, chunk: Chunk) -> None:
+        n = len(chunk.items)
+        chunk.outcomes = [None] * n
+        chunk.remaining = n
         if n == 0:
-            batch.done([])
+            chunk.done([])
             return
-        if batch.chain is not None and self._chains.held_back(batch):
+        if chunk.chain is not None and self._chains.held_back(chunk):
             return
         if self._conn is None or not self._conn.is_open or self._stopping:
             why = "connection blocked" if self.blocked else "no connection to the broker"
-            for i, item in enumerate(batch.items):
-                self._settle(
-                    batch, i, Outcome(item.ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
+            for i, item in enumerate(chunk.items):
+                self._answer(
+                    chunk, i, Outcome(item.seq, Fate.NOT_SENT, why, while_blocked=self.blocked)
                 )
             return
-        if batch.chain is not None:
-            self._chains.start(batch)
+        if chunk.chain is not None:
+            self._chains.start(chunk)
             return
         chan: Chan | None = None
-        with self._conn.coalesced():  # the whole batch in one write (relay/amqp/coalesce.py)
-            for i, item in enumerate(batch.items):
+        with self._conn.coalesced():  # the whole chunk in one write (relay/amqp/coalesce.py)
+            for i, item in enumerate(chunk.items):
                 if chan is None or chan.exchange != item.exchange:
                     chan = self._chan(item.exchange)
-                self._send_or_queue(chan, batch, i)
+                self._send_or_queue(chan, chunk, i)
 
-    def _next_in_chain(self, batch: Batch, i: int) -> None:
-        """Send message `i` of a chained batch (the one before it was confirmed). Straight from
+    def _next_in_chain(self, chunk: Chunk, i: int) -> None:
+        """Send message `i` of a chained chunk (the one before it was confirmed). Straight from
         the confirm's callback: no database round trip between the two."""
         if self._conn is None or not self._conn.is_open or self._stopping:
             why = "connection blocked" if self.blocked else "no connection to the broker"
-            outcome = Outcome(batch.items[i].ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
-            self._settle(batch, i, outcome)
+            outcome = Outcome(chunk.items[i].seq, Fate.NOT_SENT, why, while_blocked=self.blocked)
+            self._answer(chunk, i, outcome)
             return
-        batch.sent_at = time.monotonic()  # the confirm timeout counts from this message's send
+        chunk.sent_at = time.monotonic()  # the confirm timeout counts from this message's send
         with self._conn.coalesced():  # its three frames in one write
-            self._send_or_queue(self._chan(batch.items[i].exchange), batch, i)
+            self._send_or_queue(self._chan(chunk.items[i].exchange), chunk, i)
 
-    def _send_or_queue(self, chan: Chan, batch: Batch, i: int) -> None:
+    def _send_or_queue(self, chan: Chan, chunk: Chunk, i: int) -> None:
         if chan.channel is None:
-            chan.queued.append((batch, i))  # sent once the channel is in confirm mode
+            chan.queued.append((chunk, i))  # sent once the channel is in confirm mode
         else:
-            self._send(chan, batch, i)
+            self._send(chan, chunk, i)
 
-    def _send(self, chan: Chan, batch: Batch, i: int) -> None:
-        item = batch.items[i]
+    def _send(self, chan: Chan, chunk: Chunk, i: int) -> None:
+        item = chunk.items[i]
         channel = chan.channel
         if not channel.is_open:  # closing: its close callback answers what it has
             why = "publish failed: the channel is closing"
-            self._settle(
-                batch, i, Outcome(item.ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
+            self._answer(
+                chunk, i, Outcome(item.seq, Fate.NOT_SENT, why, while_blocked=self.blocked)
             )
             return
         # The message's own frames (relay/amqp/frames.py), written as pika writes its own: no
@@ -394,7 +394,7 @@ class Publisher:
                          self._frame_max)
         )  # fmt: skip
         chan.next_tag += 1
-        chan.unconfirmed[chan.next_tag] = (batch, i)
+        chan.unconfirmed[chan.next_tag] = (chunk, i)
 
     def _on_return(self, _ch: Any, method: Any, properties: Any, _body: bytes) -> None:
         # basic.return arrives before the basic.ack of the same message.
@@ -416,27 +416,27 @@ class Publisher:
             entry = chan.unconfirmed.pop(t, None)
             if entry is None:
                 continue
-            batch, i = entry
-            item = batch.items[i]
+            chunk, i = entry
+            item = chunk.items[i]
             returned = self._returned.pop(item.message_id, None)
             if returned is not None:
-                outcome = Outcome(item.ref, Fate.UNROUTABLE, returned)
+                outcome = Outcome(item.seq, Fate.UNROUTABLE, returned)
             elif ack:
-                outcome = Outcome(item.ref, Fate.CONFIRMED)
+                outcome = Outcome(item.seq, Fate.CONFIRMED)
             else:
-                outcome = Outcome(item.ref, Fate.REJECTED, "basic.nack from broker")
-            self._settle(batch, i, outcome)
+                outcome = Outcome(item.seq, Fate.REJECTED, "basic.nack from broker")
+            self._answer(chunk, i, outcome)
 
-    def _settle(self, batch: Batch, i: int, outcome: Outcome) -> None:
-        if batch.outcomes[i] is not None:
+    def _answer(self, chunk: Chunk, i: int, outcome: Outcome) -> None:
+        if chunk.outcomes[i] is not None:
             return
-        batch.outcomes[i] = outcome
-        batch.remaining -= 1
-        if batch.chain is not None:
-            self._chains.settled(batch, i, outcome)
+        chunk.outcomes[i] = outcome
+        chunk.remaining -= 1
+        if chunk.chain is not None:
+            self._chains.answered(chunk, i, outcome)
             return
-        if batch.remaining == 0:
-            answer(batch)
+        if chunk.remaining == 0:
+            report(chunk)
 
     # ----------------------------------------------------------------- failures
 
@@ -447,11 +447,11 @@ class Publisher:
         unconfirmed, chan.unconfirmed = chan.unconfirmed, {}
         queued, chan.queued = chan.queued, []
         for entries, fate in ((unconfirmed.values(), sent_fate), (queued, queued_fate)):
-            for batch, i in entries:
-                item = batch.items[i]
+            for chunk, i in entries:
+                item = chunk.items[i]
                 self._returned.pop(item.message_id, None)
-                outcome = Outcome(item.ref, fate, why, while_blocked=blocked, connection_lost=lost)
-                self._settle(batch, i, outcome)
+                outcome = Outcome(item.seq, fate, why, while_blocked=blocked, connection_lost=lost)
+                self._answer(chunk, i, outcome)
 
     def _fail_everything(self, why: str) -> None:
         chans = list(self._chans.values())
@@ -466,7 +466,7 @@ class Publisher:
             oldest = next(iter(chan.unconfirmed.values()), None)
             if oldest is None or now - oldest[0].sent_at <= self._confirm_timeout:
                 continue
-            # Settle the channel's messages now (a blocked broker would not even answer a
+            # Answer the channel's messages now (a blocked broker would not even answer a
             # channel.close) and publish further messages on a fresh channel; the relay
             # republishes these with the same message ids. Late confirms land on the old
             # channel object and are ignored.

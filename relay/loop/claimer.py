@@ -30,7 +30,7 @@ from relay.core.window import Window
 from relay.loop import chains, suspects
 from relay.loop.circuits import ResourceGuard
 from relay.loop.counts import Counts
-from relay.loop.leases import Chunk, Finished, Lease, Leases
+from relay.loop.leases import Chunk, Answer, Lease, Leases
 from relay.loop.observer import Observer
 from relay.loop.settings import LoopSettings
 from relay.ports import Claimed, MalformedRow, Outgoing, Publisher, Store
@@ -59,7 +59,7 @@ class Claimer:
         guard: ResourceGuard,
         observer: Observer,
         leases: Leases,
-        finished: Callable[[Finished], None],  # takes a chunk's outcomes (Publisher.wait)
+        answered: Callable[[Answer], None],  # takes a chunk's answer (in Publisher.wait)
         clock: Callable[[], float],
         fresh: Callable[[float], bool] = _always_fresh,  # the heartbeat allows claims
     ) -> None:
@@ -69,7 +69,7 @@ class Claimer:
         self._guard = guard
         self._observer = observer
         self._leases = leases
-        self._finished = finished
+        self._answered = answered
         self._clock = clock
         self._fresh = fresh
         self._next_claim = 0.0
@@ -79,7 +79,7 @@ class Claimer:
         # Sent and not yet written, at most: sized to the broker's confirm round, under
         # max_unconfirmed (relay/core/window.py).
         self.window = Window(config.max_unconfirmed)
-        self._piece = max(1, min(chains.PIECE, config.max_unconfirmed))  # what a chain takes
+        self._chain_chunk = max(1, min(chains.CHUNK, config.max_unconfirmed))  # what a chain takes
 
     # ----------------------------------------------------------------- pacing
 
@@ -218,7 +218,7 @@ class Claimer:
             granted = guard.take_tokens(part, want)
             if granted:
                 got = self._claim(counts, granted, now, only=part)
-                guard.give_back(part, granted - got)
+                guard.refund(part, granted - got)
                 claimed += got
         return claimed
 
@@ -276,8 +276,8 @@ class Claimer:
         (relay/core/window.py) are sent and not yet written. Suspects go only once nothing else
         is in flight.
 
-        Chains go first, each taking one piece, and are held to `max_unconfirmed` only, not to
-        the window: a chain's piece takes one broker confirm per message, so its round is long
+        Chains go first, each taking one chunk, and are held to `max_unconfirmed` only, not to
+        the window: a chain's chunk takes one broker confirm per message, so its round is long
         by design, not because the broker queues; held to a window sized by rounds, many keys'
         chains would shrink it, and so their own number in flight, to its floor."""
         publisher, leases, window = self._publisher, self._leases, self.window
@@ -288,8 +288,8 @@ class Claimer:
             left = chains.hand_over(
                 leases.values(),
                 window.ceiling - sending,
-                self._piece,
-                lambda lease, piece, key: self._publish(lease, piece, now, chain=key),
+                self._chain_chunk,
+                lambda lease, chunk, key: self._publish(lease, chunk, now, chain=key),
             )
             sending = window.ceiling - left
         room = window.size - sending  # each hand-over below takes its rows from it
@@ -325,7 +325,7 @@ class Claimer:
         self, lease: Lease, rows: list[Claimed], now: float, *, chain: str | None = None
     ) -> bool:
         """Hand `rows` over; False when a chain's row cannot be built (it is dead-lettered as
-        malformed, and the chain ends before it: the rest of the piece is held back)."""
+        malformed, and the chain ends before it: the rest of the chunk is held back)."""
         if lease.sent_at is None:
             lease.sent_at = now
         token, number = lease.token, next(self._chunks)
@@ -348,10 +348,10 @@ class Claimer:
                 broken.append(
                     Outcome(row.seq, Fate.NOT_SENT, f"malformed row: {exc}", malformed=True)
                 )
-        finished = self._finished
+        answered = self._answered
 
         def done(outcomes: list[Outcome]) -> None:
-            finished(Finished(token, outcomes + broken, number))
+            answered(Answer(token, outcomes + broken, number))
 
         if chain is not None and broken:
             broken, items = chains.cut(rows, items, broken)  # the rows after it are held back

@@ -23,7 +23,7 @@ One message's path, in the order it happens:
    `Publisher.publish` with a `done` callback; chains go whole (`chains.hand_over`).
 4. Send and confirm (relay/amqp/publisher.py): `Publisher._publish` -> `_send` (basic.publish
    on the exchange's confirm channel); later, in `Publisher.wait`, `_on_confirm` -> `_settle`;
-   once every message of the chunk is answered, `done(outcomes)` adds a `Finished` to
+   once every message of the chunk is answered, `done(outcomes)` adds a `Answer` to
    `_answered`.
 5. Answer. `Relay._settle` -> `Relay._answer`: `Lease.answer` takes the chunk's answer once,
    `chains.answered` says what of it is to be written, and `Settler.add` queues it (a chunk the
@@ -33,7 +33,7 @@ One message's path, in the order it happens:
    the failures (`Store.settle_failures`), and the rows leave their lease.
 
 Rows that never reach the publisher (the broker cannot take them, a stop, a chain that broke) are
-given back (`Relay._release` -> `Store.release`, `Lease.drop`).
+released (`Relay._release` -> `Store.release`, `Lease.drop`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from relay.loop import chains, suspects
 from relay.loop.circuits import ResourceGuard
 from relay.loop.claimer import Claimer
 from relay.loop.counts import Counts
-from relay.loop.leases import Finished, Lease, Leases
+from relay.loop.leases import Answer, Lease, Leases
 from relay.loop.maintenance import Maintenance
 from relay.loop.observer import Observer
 from relay.loop.pulse import Pulse
@@ -67,8 +67,8 @@ log = logging.getLogger("relay")
 _STOP = object()
 _WAKE = object()
 _DECLARED_DEAD = object()  # another relay found this one's heartbeat stopped
-# Why a row held with nothing to settle it was given back (Relay._release_orphans).
-ORPHANED = "held by the relay with nothing to settle it (a relay bug): given back"
+# Why a row held with nothing to settle it was released (Relay._release_orphans).
+ORPHANED = "held by the relay with nothing to settle it (a relay bug): released"
 
 
 def utc_now() -> dt.datetime:
@@ -95,7 +95,7 @@ class Relay:
         self.observer = observer
         self._clock = clock
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()  # from other threads
-        self._answered: list[Finished] = []  # the publisher's answers, in `Publisher.wait`
+        self._answered: list[Answer] = []  # the publisher's answers, in `Publisher.wait`
         self._leases = Leases()
         self._stopping = False
         self.pulse = Pulse(
@@ -112,7 +112,7 @@ class Relay:
             guard=guard,
             observer=observer,
             leases=self._leases,
-            finished=self._answered.append,
+            answered=self._answered.append,
             clock=clock,
             fresh=self.pulse.fresh,
         )
@@ -163,7 +163,7 @@ class Relay:
         now = self._clock()
         self._settle(counts)
         self.claimer.written(counts.published + counts.retried + counts.dead, now)
-        self._give_back_held(counts)
+        self._release_held_back(counts)
         publisher = self.publisher
         if self._leases.waiting and (not publisher.ready or publisher.blocked):
             # The broker cannot take them for now (no connection, or an alarm that may last):
@@ -207,8 +207,8 @@ class Relay:
         self._take_signals()
         answered = self._answered[:]  # the claimer appends to this very list
         self._answered.clear()
-        for finished in answered:
-            self._answer(finished)
+        for answer in answered:
+            self._take(answer)
         try:
             if self.settler.settle(counts):
                 # Settling can make new rows claimable (the next message of each key whose
@@ -217,12 +217,12 @@ class Relay:
         except DatabaseUnavailable as exc:
             self._db_failed("settle", exc)
 
-    def _answer(self, finished: Finished) -> None:
-        lease = self._leases.get(finished.token)
-        chunk = None if lease is None else lease.answer(finished.chunk)
+    def _take(self, answer: Answer) -> None:
+        lease = self._leases.get(answer.token)
+        chunk = None if lease is None else lease.answer(answer.chunk)
         if lease is not None and chunk is not None:
-            self.settler.add(chains.answered(lease, chunk, finished, self._clock()))
-        # else: given up as overdue, or given back, before the publisher answered: the answer
+            self.settler.add(chains.answered(lease, chunk, answer, self._clock()))
+        # else: given up as overdue, or released, before the publisher answered: the answer
         # changes nothing.
 
     def _take_signals(self) -> None:
@@ -241,7 +241,7 @@ class Relay:
         elif event is _WAKE:
             self.claimer.claim_soon()
         elif event is _DECLARED_DEAD:
-            self._give_back_all()
+            self._release_everything()
 
     def _give_up_overdue(self, now: float) -> None:
         """Settle as unconfirmed every chunk the publisher has held past max_batch_life.
@@ -261,12 +261,12 @@ class Relay:
                     if seq in lease.rows
                 ]
                 log.error("relay.batch_overdue", extra={"messages": len(outcomes), "error": why})
-                finished = Finished(lease.token, outcomes, number)
-                self.settler.add(chains.answered(lease, chunk, finished, now))
+                answer = Answer(lease.token, outcomes, number)
+                self.settler.add(chains.answered(lease, chunk, answer, now))
 
     def _release_orphans(self) -> int:
         """Give back rows a lease holds that nothing would ever settle: not waiting to be sent,
-        not in a chunk the publisher has or is being written, not to be given back. Only a bug
+        not in a chunk the publisher has or is being written, not to be released. Only a bug
         makes one, but it would hold its lease, extended at every upkeep, and its key behind it
         for ever; so it is said loudly, and the row goes back (published again at worst, never
         lost)."""
@@ -282,9 +282,9 @@ class Relay:
                 released += self._release(lease, orphans, ORPHANED)
         return released
 
-    def _give_back_all(self) -> None:
+    def _release_everything(self) -> None:
         """Another relay found this one's heartbeat stopped and took its leases (every one it
-        could). Stop using them all: give back what is still ours to give (the lease token
+        could). Stop using them all: release what is still ours to give (the lease token
         guards the rest), forget them whatever the database says, then rejoin."""
         why = (
             f"relay {self.config.relay_id} was declared dead: its heartbeat stopped for "
@@ -374,12 +374,12 @@ class Relay:
                 released += self._release(lease, seqs, why)
         return released
 
-    def _give_back_held(self, counts: Counts) -> None:
+    def _release_held_back(self, counts: Counts) -> None:
         """Release the rest of every chain that broke: unsent, behind the message that failed
         (no attempt charged). Kept for the next pass if the database fails."""
         for lease in list(self._leases.values()):
-            if lease.give_back:
-                counts.released += self._release(lease, list(lease.give_back), HELD_BACK)
+            if lease.to_release:
+                counts.released += self._release(lease, list(lease.to_release), HELD_BACK)
 
     def _release(self, lease: Lease, seqs: list[int], why: str) -> int:
         """Give back these unsent rows of `lease`, and forget them; 0 if the database fails."""
@@ -397,7 +397,7 @@ class Relay:
     def release_all(self, why: str, *, forget: bool = False) -> int:
         """Give back every row this relay still holds (shutdown): others may take them at once.
 
-        Rows given back unsent cost no attempt. After a crash, the leases whose rows were sent
+        Rows released unsent cost no attempt. After a crash, the leases whose rows were sent
         are given up as their running out would (suspects.abandon). With `forget`, a lease the
         database could not take back is forgotten all the same (it expires, or was taken over
         already)."""

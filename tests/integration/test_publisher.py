@@ -123,13 +123,13 @@ def test_a_chain_sends_nothing_after_a_message_that_was_not_confirmed(
         assert answered_within(publisher, lambda: len(answers) == 4, 10)
     finally:
         publisher.stop()
-    fates = {o.ref: o for outcomes in answers for o in outcomes}
+    fates = {o.seq: o for outcomes in answers for o in outcomes}
     assert [fates[n].fate for n in range(1, 6)] == [Fate.CONFIRMED] * 5
     assert fates[6].fate is Fate.UNROUTABLE
     assert all(fates[n].held_back and fates[n].fate is Fate.NOT_SENT for n in (7, 8, 9))
     assert [fates[n].fate for n in (10, 11)] == [Fate.CONFIRMED] * 2
     # Every batch answered once, the chain's in the order handed over.
-    by_batch = [sorted(o.ref for o in outcomes) for outcomes in answers]
+    by_batch = [sorted(o.seq for o in outcomes) for outcomes in answers]
     assert sorted(by_batch) == [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11]]
     chain = [b for b in by_batch if b[0] < 10]
     assert chain == [[1, 2, 3], [4, 5, 6, 7], [8, 9]]

@@ -380,7 +380,7 @@ def _as_chain(done: Done, chain: Hashable, broken: set[Hashable]) -> Done:
         chained: list[Outcome] = []
         for o in outcomes:
             if chain in broken:
-                o = Outcome(o.ref, Fate.NOT_SENT, "held back", held_back=True)
+                o = Outcome(o.seq, Fate.NOT_SENT, "held back", held_back=True)
             elif o.fate is not Fate.CONFIRMED:
                 broken.add(chain)
             chained.append(o)
@@ -393,7 +393,7 @@ def _as_chain(done: Done, chain: Hashable, broken: set[Hashable]) -> Done:
 class FakePublisher:
     """Settles each batch at once with `decide(item)`, or holds batches when `hold` is set."""
 
-    decide: Callable[[Outgoing], Outcome] = lambda item: Outcome(item.ref, Fate.CONFIRMED)
+    decide: Callable[[Outgoing], Outcome] = lambda item: Outcome(item.seq, Fate.CONFIRMED)
     hold: bool = False
     ready: bool = True
     blocked: bool = False
@@ -419,7 +419,7 @@ class FakePublisher:
     ) -> None:
         self.published.extend(items)
         if chain is not None:
-            self.chained.append([i.ref for i in items])
+            self.chained.append([i.seq for i in items])
             self.chain_ids.append(chain)
             done = _as_chain(done, chain, self.broken_chains)
         if self.hold:
@@ -441,4 +441,4 @@ class FakePublisher:
         self.stopped = True
         held, self.held = self.held, []
         for items, done in held:
-            done([Outcome(i.ref, Fate.UNCONFIRMED, "publisher stopped") for i in items])
+            done([Outcome(i.seq, Fate.UNCONFIRMED, "publisher stopped") for i in items])

@@ -31,7 +31,7 @@ def test_a_suspect_is_published_alone_and_nothing_is_claimed_beside_it() -> None
     assert len(publisher.published) == 3
     publisher.confirm_held()
     relay.run_once()  # settles 1-3, then sends the suspect on its own
-    assert [i.ref for i in publisher.published[3:]] == [4]
+    assert [i.seq for i in publisher.published[3:]] == [4]
     assert store.states()[5] == "pending"
     relay.claimer.claim_soon()
     relay.run_once()  # nothing beside it while it flies
@@ -126,7 +126,7 @@ def test_a_settlement_retried_after_a_database_failure_counts_each_circuit_once(
     store.add(make_claimed(1, exchange="a"), make_claimed(2, exchange="b"))
 
     def missing(item: Outgoing) -> Outcome:
-        return Outcome(item.ref, Fate.DESTINATION_MISSING, "404 NOT_FOUND")
+        return Outcome(item.seq, Fate.DESTINATION_MISSING, "404 NOT_FOUND")
 
     relay, _ = make_relay(store, FakePublisher(decide=missing), batch_size=10)
     relay.run_once()

@@ -38,7 +38,7 @@ def test_the_summary_counts_what_the_passes_reported() -> None:
     store.add(*(make_claimed(i) for i in range(1, 8)))
 
     def decide(item: Outgoing) -> Outcome:
-        return Outcome(item.ref, Fate.REJECTED if item.ref == 4 else Fate.CONFIRMED, "nack")
+        return Outcome(item.seq, Fate.REJECTED if item.seq == 4 else Fate.CONFIRMED, "nack")
 
     cfg = RelayConfig(db_url="sqlite://", relay_id="t", batch_size=3)
     wall = EPOCH + dt.timedelta(minutes=1)  # the rows were made a minute ago

@@ -94,7 +94,7 @@ def test_nothing_is_claimed_or_sent_while_the_heartbeat_is_not_fresh(
     assert relay._wait_time() == relay.config.poll_interval  # no spinning meanwhile
     relay.pulse.beat_once()  # good again: claims and sends go on
     relay.run_once()
-    assert [i.ref for i in publisher.published] == [1, 2]
+    assert [i.seq for i in publisher.published] == [1, 2]
 
 
 def test_a_relay_declared_dead_gives_back_what_it_holds_and_carries_on(

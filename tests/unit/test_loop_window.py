@@ -37,13 +37,13 @@ def test_no_more_than_the_window_waits_for_confirms_and_answers_refill_it() -> N
     # One claim of 20; 8 handed over, in chunks of 2 (a quarter of the window).
     assert relay.in_flight == 20
     assert [len(items) for items, _ in publisher.held] == [2, 2, 2, 2]
-    assert [i.ref for i in publisher.published] == list(range(1, 9))
+    assert [i.seq for i in publisher.published] == list(range(1, 9))
     relay.run_once()  # 12 wait, less than a batch: the next batch is claimed to follow
     relay.run_once()
     assert relay.in_flight == 40  # 32 wait now: enough until the window moves
     answer(publisher, 2)
     relay.run_once()  # the answers refill the window, in claim order
-    assert [i.ref for i in publisher.published] == list(range(1, 13))
+    assert [i.seq for i in publisher.published] == list(range(1, 13))
     assert sum(len(items) for items, _ in publisher.held) == 8
     assert [store.rows[i].state for i in (1, 4, 5)] == ["published", "published", "in_flight"]
 
@@ -93,7 +93,7 @@ def test_a_failed_chunk_is_decided_alone_and_the_rest_of_its_claim_goes_on() -> 
     store.add(*(make_claimed(i) for i in range(1, 9)))
 
     def decide(item: object) -> Outcome:
-        ref = item.ref  # type: ignore[attr-defined]
+        ref = item.seq  # type: ignore[attr-defined]
         return Outcome(ref, Fate.REJECTED, "nack") if ref == 2 else Outcome(ref, Fate.CONFIRMED)
 
     publisher = FakePublisher(hold=True, decide=decide)
@@ -122,7 +122,7 @@ def test_a_stop_gives_back_at_once_what_was_never_sent() -> None:
     assert [states[i] for i in range(5, 21)] == ["pending"] * 16
     assert all(store.rows[i].released == 1 for i in range(5, 21))
     assert summary.drained
-    assert [i.ref for i in publisher.published] == [1, 2, 3, 4]
+    assert [i.seq for i in publisher.published] == [1, 2, 3, 4]
 
 
 def test_an_answer_for_a_chunk_given_up_as_overdue_changes_nothing() -> None:
@@ -137,7 +137,7 @@ def test_an_answer_for_a_chunk_given_up_as_overdue_changes_nothing() -> None:
     relay.run_once()  # the two chunks are given up (no attempt charged), 3 and 4 go out
     relay.run_once()
     assert [store.rows[i].state for i in (1, 2)] == ["pending", "pending"]
-    assert [i.ref for i in publisher.published] == [1, 2, 3, 4]
+    assert [i.seq for i in publisher.published] == [1, 2, 3, 4]
     answer(publisher, 4)  # late answers for 1 and 2, timely ones for 3 and 4
     relay.run_once()
     assert store.states() == {1: "pending", 2: "pending", 3: "published", 4: "published"}
@@ -160,7 +160,7 @@ def test_an_answer_keeps_its_room_in_the_window_until_it_is_written() -> None:
     assert store.states()[1] == "in_flight"
     relay.run_once()  # marked now, and the window refills
     assert [store.rows[i].state for i in range(1, 5)] == ["published"] * 4
-    assert [i.ref for i in publisher.published] == list(range(1, 9))
+    assert [i.seq for i in publisher.published] == list(range(1, 9))
 
 
 def test_rows_waiting_for_the_window_go_back_when_the_broker_cannot_take_them() -> None:
@@ -175,7 +175,7 @@ def test_rows_waiting_for_the_window_go_back_when_the_broker_cannot_take_them() 
     assert relay.run_once().released == 6  # the rest are not held leased through the outage
     assert [store.rows[i].released for i in range(3, 9)] == [1] * 6
     assert relay.in_flight == 0
-    assert [i.ref for i in publisher.published] == [1, 2]
+    assert [i.seq for i in publisher.published] == [1, 2]
 
 
 def test_a_backlog_grows_the_default_window_and_its_end_shrinks_it() -> None:
@@ -212,7 +212,7 @@ def test_a_backlog_grows_the_default_window_and_its_end_shrinks_it() -> None:
 
 
 def test_chains_are_held_to_max_unconfirmed_and_rows_beside_them_to_the_window() -> None:
-    """Chains of 30, each taking a piece: they go up to max_unconfirmed, past the first window
+    """Chains of 30, each taking a chunk: they go up to max_unconfirmed, past the first window
     (256), and do not count as held back by it (their rounds are one confirm per message, not a
     queue at the broker). Rows to send side by side wait for the window, and do count."""
     store = FakeStore()

@@ -54,11 +54,11 @@ def test_confirmed_rows_are_marked_and_failures_decided_by_the_policy() -> None:
     store.add(*(make_claimed(i) for i in range(1, 6)))
 
     def decide(item: Outgoing) -> Outcome:
-        if item.ref == 2:
-            return Outcome(item.ref, Fate.UNROUTABLE, "312 NO_ROUTE")
-        if item.ref == 3:
-            return Outcome(item.ref, Fate.REJECTED, "nack")
-        return Outcome(item.ref, Fate.CONFIRMED)
+        if item.seq == 2:
+            return Outcome(item.seq, Fate.UNROUTABLE, "312 NO_ROUTE")
+        if item.seq == 3:
+            return Outcome(item.seq, Fate.REJECTED, "nack")
+        return Outcome(item.seq, Fate.CONFIRMED)
 
     # Unroutable is permanent, here with no grace: dead with its reason; a nack is retried later.
     no_grace = RetryPolicy(unroutable_grace=0.0)
@@ -127,7 +127,7 @@ def test_a_malformed_row_is_dead_lettered_with_its_reason_and_the_rest_go_out() 
     relay, _ = make_relay(store, publisher)
     relay.run_once()
     relay.run_once()
-    assert [i.ref for i in publisher.published] == [2]
+    assert [i.seq for i in publisher.published] == [2]
     assert store.states() == {1: "dead", 2: "published"}
     assert store.rows[1].error is not None
     assert "malformed" in store.rows[1].error
@@ -156,9 +156,9 @@ def test_backpressure_and_never_sent_defer_without_burning_attempts() -> None:
     store.add(make_claimed(1), make_claimed(2), make_claimed(3))
 
     def decide(item: Outgoing) -> Outcome:
-        if item.ref == 1:
+        if item.seq == 1:
             return Outcome(1, Fate.UNCONFIRMED, "confirm timeout", while_blocked=True)
-        if item.ref == 2:
+        if item.seq == 2:
             return Outcome(2, Fate.NOT_SENT, "no open channel")
         return Outcome(3, Fate.UNCONFIRMED, "connection lost")
 
