@@ -32,7 +32,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 
 from relay.core.outcome import HELD_BACK, Fate, Outcome
-from relay.loop.leases import Chunk, Answer, Lease, Leases
+from relay.loop.leases import Answer, Chunk, Lease, Leases
 from relay.ports import Claimed, Outgoing
 
 # Messages of one key a claim takes at most behind its head: with it, two chunks. A relay killed

@@ -30,7 +30,7 @@ from relay.core.window import Window
 from relay.loop import chains, suspects
 from relay.loop.circuits import ResourceGuard
 from relay.loop.counts import Counts
-from relay.loop.leases import Chunk, Answer, Lease, Leases
+from relay.loop.leases import Answer, Chunk, Lease, Leases
 from relay.loop.observer import Observer
 from relay.loop.settings import LoopSettings
 from relay.ports import Claimed, MalformedRow, Outgoing, Publisher, Store

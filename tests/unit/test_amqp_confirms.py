@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from relay.amqp.confirms import Chunk, Chains
+from relay.amqp.confirms import Chains, Chunk
 from relay.core.outcome import Fate, Outcome
 from relay.ports import Outgoing
 
