@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import uuid
-from collections.abc import Callable
 
 import pika
 import pytest
@@ -18,6 +16,7 @@ from relay.core.outcome import Fate, Outcome
 from relay.errors import BrokerUnavailable
 from relay.ports import Outgoing
 from tests.support.broker import Broker
+from tests.support.waiting import doing_io, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -120,7 +119,7 @@ def test_a_chain_sends_nothing_after_a_message_that_was_not_confirmed(
         for batch in (first, second, third):
             publisher.publish(batch, answered, chain="k")
         publisher.publish(other, answered, chain="other")
-        assert answered_within(publisher, lambda: len(answers) == 4, 10)
+        wait_until(doing_io(publisher, lambda: len(answers) == 4), what="four answers")
     finally:
         publisher.stop()
     fates = {o.seq: o for outcomes in answers for o in outcomes}
@@ -158,18 +157,8 @@ def _answers(
 
     for batch in batches:
         publisher.publish(batch, answered, chain=chain)
-    assert answered_within(publisher, lambda: answers == len(batches), 10)
+    wait_until(doing_io(publisher, lambda: answers == len(batches)), what="every answer")
     return outcomes
-
-
-def answered_within(publisher: Publisher, until: Callable[[], bool], timeout: float) -> bool:
-    """Do the publisher's IO (its answers arrive there) until `until()` holds or time is up."""
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() >= deadline:
-            return False
-        publisher.wait(min(0.05, deadline - time.monotonic()))
-    return True
 
 
 def _spy_writes(publisher: Publisher) -> list[bytes]:
