@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -18,6 +19,10 @@ from relay.core.retention import RetentionPolicy
 from relay.errors import RelayError
 
 T = TypeVar("T")
+
+# Waits until a file descriptor is ready: (fileno, events wanted) -> events ready, each a
+# selectors event mask (EVENT_READ 1, EVENT_WRITE 2). Store.while_waiting takes one.
+FdWait = Callable[[int, int], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +193,10 @@ class Store(Protocol):
 
     def ping(self) -> None: ...
 
+    def while_waiting(self, wait: FdWait) -> AbstractContextManager[None]:
+        """On the calling thread, until the block ends, wait for the database by calling
+        `wait(fileno, events)` (which may do other work meanwhile), where the driver allows."""
+
     def close(self) -> None: ...
 
 
@@ -249,6 +258,10 @@ class Publisher(Protocol):
 
     def interrupt(self) -> None:
         """End a `wait()` early; the only method safe from another thread."""
+
+    def wait_fd(self, fileno: int, events: int) -> int:
+        """Wait until `fileno` is ready for `events` (selectors' EVENT_READ, EVENT_WRITE),
+        doing the broker's IO meanwhile; return the events that are ready."""
 
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None

@@ -26,13 +26,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import select
+import selectors
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 from pika import spec
-from pika.adapters.select_connection import IOLoop
+from pika.adapters.select_connection import IOLoop, PollEvents
 from pika.exceptions import (
     AMQPConnectionError,
     ChannelClosedByBroker,
@@ -163,6 +165,40 @@ class Publisher:
         """End the current or next `wait()` at once. Safe from any thread and signal handler."""
         if self._started:
             self._ioloop.add_callback_threadsafe(_nothing)
+
+    def wait_fd(self, fileno: int, events: int) -> int:
+        """Wait until `fileno` (the database's socket) is ready for `events` (selectors'
+        EVENT_READ, EVENT_WRITE), doing the broker's IO meanwhile: its answers are read and a
+        chain's next message is sent while a statement runs (relay/store/overlap.py). Returns
+        the events that are ready (both on an error, for the driver to find it)."""
+        if not self._started:  # stopped: nothing else to do while waiting
+            readers = [fileno] if events & selectors.EVENT_READ else []
+            writers = [fileno] if events & selectors.EVENT_WRITE else []
+            r, w, _ = select.select(readers, writers, [fileno])
+            return (selectors.EVENT_READ if r else 0) | (
+                selectors.EVENT_WRITE if w else 0
+            ) or events
+        mask = (PollEvents.READ if events & selectors.EVENT_READ else 0) | (
+            PollEvents.WRITE if events & selectors.EVENT_WRITE else 0
+        )
+        got = 0
+
+        def happened(_fd: int, what: int) -> None:
+            nonlocal got
+            got |= what
+
+        loop = self._ioloop
+        loop.add_handler(fileno, happened, mask)
+        try:
+            while not got:
+                self.wait(1.0)
+        finally:
+            loop.remove_handler(fileno)
+        if got & ~(PollEvents.READ | PollEvents.WRITE):  # an error or a hang-up
+            return selectors.EVENT_READ | selectors.EVENT_WRITE
+        return (selectors.EVENT_READ if got & PollEvents.READ else 0) | (
+            selectors.EVENT_WRITE if got & PollEvents.WRITE else 0
+        )
 
     def _why_none_answered(self) -> str:
         """Where and why, in one line: each node and its error, in plain words but the last

@@ -307,12 +307,14 @@ class Relay:
         log.info("relay.started", extra={"relay_id": self.config.relay_id})
         self.pulse.start()
         try:
-            while not self._stopping:
-                self.heartbeat = self._clock()
-                if self.run_once().full_batch:
-                    continue  # backlog: claim the next batch at once
-                self._wait(self._wait_time())
-            self._drain()
+            # While a statement runs, this thread reads the broker's answers and sends chains on.
+            with self.store.while_waiting(self.publisher.wait_fd):
+                while not self._stopping:
+                    self.heartbeat = self._clock()
+                    if self.run_once().full_batch:
+                        continue  # backlog: claim the next batch at once
+                    self._wait(self._wait_time())
+                self._drain()
         except Exception:
             self._crashed = True  # one of the rows in flight may be why (release_all)
             raise

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from relay.amqp.wire import to_outgoing
@@ -15,7 +17,7 @@ from relay.core.outcome import Fate, Outcome
 from relay.core.policy import Dead, Retry
 from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable
-from relay.ports import Claimed, Done, Outgoing, ResourceRow, StateCounts, T
+from relay.ports import Claimed, Done, FdWait, Outgoing, ResourceRow, StateCounts, T
 
 EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -348,6 +350,9 @@ class FakeStore:
         ready = sum(1 for r in self.rows.values() if self._due(r))
         return StateCounts(by_state, ready, by_state.get("pending", 0) - ready, None)
 
+    def while_waiting(self, wait: FdWait) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     def ping(self) -> None:
         pass
 
@@ -413,6 +418,9 @@ class FakePublisher:
 
     def interrupt(self) -> None:
         pass
+
+    def wait_fd(self, fileno: int, events: int) -> int:
+        return events  # no database here has a socket to wait on
 
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
