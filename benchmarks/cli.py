@@ -22,11 +22,13 @@ Phases, in order (choose with --phases):
                into an idle relay, and a steady 100 msg/s
   hot-key      a backlog on one key, and on four, beside the same backlog unkeyed (in-process,
                HOT_KEY messages each); raw pika publishing the same messages one confirm at a
-               time: the bound for any relay that keeps a key's order whatever the broker does;
-               and relay.Publisher alone sending one key's chain, and four keys' chains side by
-               side: the bounds the relay's one-key and four-key drains are judged against
+               time, and with four unconfirmed: the bounds for any relay that keeps one key's,
+               or four keys', order whatever the broker does, which the relay's drains are
+               judged against; and relay.Publisher alone sending one key's chain, and four
+               keys' chains side by side (diagnostics: the relay's publishing path alone)
   small        a backlog of --messages 80-byte bodies (a database of its own): the raw pika
-               ceiling on them and the in-process drain, and the relay's CPU per message
+               ceiling on them and the in-process drain, the relay's CPU per message against
+               raw pika's on the same messages, and the database's
   kill         a relay subprocess with default settings drains a committed backlog (20,000, or
                --messages if fewer), is SIGKILLed at 40% and restarted at once: duplicates
                (target: at most 2x K) and recovery (target: at most 6 s)
@@ -426,6 +428,10 @@ def _hot_key(
     row = add(results, "hot-serial", serial.rate)
     row.extras.append(f"{serial.seconds:.2f} s")
     say(f"  {fmt_rate(serial.rate)} ({serial.seconds:.2f} s)")
+    # Four keys' bound: the broker with four messages unconfirmed at any moment.
+    settle()
+    say(f"{FIGURES['hot-serial-4']}, {limit} messages{tag} ...")
+    bounds.ceiling(args, broker, payloads[:limit], now, 4, results, "hot-serial-4")
     # The relay's own publishing path on the same bounds: what the relay would reach with
     # nothing of its loop (claims, marks) beside the chains.
     for key, count, lanes in (("hot-publisher", limit // 4, 1), ("hot-publisher-4", limit, 4)):
