@@ -3,11 +3,12 @@ claims.
 
 Each claim is the main claim (every resource but those with an open circuit or a rate limit),
 then one probe per circuit whose cooldown is over and each rate-limited resource's share of
-tokens. Claimed rows go to the publisher in chunks while fewer than the window's size (at most
-`max_unconfirmed`, relay/core/window.py) are sent and not yet marked (`pump`), and the next
-batch is claimed while one is still being sent: the broker always has work, and few messages
-are sent and unmarked at any moment, so a relay killed mid-drain leaves little for the next one
-to send again.
+tokens. One limit bounds it all: the relay holds at most `max_in_flight` rows (claimed and not
+settled); each claim takes what room that leaves (`claim_max` rows a statement at most). Claimed
+rows go to the publisher in chunks while fewer than the window's size (below `max_in_flight`,
+relay/core/window.py) are sent and not yet settled (`pump`), and the next claim is made while
+one is still being sent: the broker always has work, and few messages are sent and unsettled at
+any moment, so a relay killed mid-drain leaves little for the next one to send again.
 
 A claim's hot keys come as chains, handed over whole and extended before they end
 (`extend_runs`): relay/loop/chains.py. Suspects (rows whose relay died holding them) are
@@ -76,10 +77,9 @@ class Claimer:
         self._empty = 0  # consecutive claims that found nothing
         self._db_backoff = Backoff(first=0.1, cap=DB_BACKOFF_MAX, floor=0.05)
         self._chunks = itertools.count(1)
-        # Sent and not yet written, at most: sized to the broker's confirm round, under
-        # max_unconfirmed (relay/core/window.py).
-        self.window = Window(config.max_unconfirmed)
-        self._chain_chunk = max(1, min(chains.CHUNK, config.max_unconfirmed))  # what a chain takes
+        # Sent and not yet settled, at most: sized to the broker's confirm round, under
+        # max_in_flight (relay/core/window.py).
+        self.window = Window(config.max_in_flight)
 
     # ----------------------------------------------------------------- pacing
 
@@ -110,7 +110,7 @@ class Claimer:
             publisher.blocked
             or suspects.quarantined(leases)  # a settlement (an inbox event) moves it on
             or leases.in_flight >= config.max_in_flight
-            or leases.unsent >= config.batch_size  # the window is full: an answer frees it
+            or leases.unsent >= config.claim_max  # the window is full: an answer frees it
             or not self._fresh(now)  # the heartbeat wakes the loop when it is fresh again
         ):
             # Nothing to claim until an answer comes, the broker unblocks or the heartbeat is
@@ -136,10 +136,10 @@ class Claimer:
         if suspects.quarantined(leases):
             self.pump(now)  # they go once what was in flight beside them has settled
             return
-        if leases.unsent >= config.batch_size:
-            return  # a batch waits for the window already: claim the next as it goes out
+        if leases.unsent >= config.claim_max:
+            return  # a claim waits for the window already: claim the next as it goes out
         room = config.max_in_flight - leases.in_flight
-        limit = min(config.batch_size, room)
+        limit = min(config.claim_max, room)
         if limit <= 0:
             return
         guard = self._guard
@@ -212,7 +212,7 @@ class Claimer:
                     guard.probe_found_nothing(part)
                 claimed += got
         for part in guard.rate_parts_due():
-            want = min(self._config.batch_size, room - claimed)
+            want = min(self._config.claim_max, room - claimed)
             if want <= 0 or suspects.quarantined(leases):
                 break
             granted = guard.take_tokens(part, want)
@@ -276,8 +276,8 @@ class Claimer:
         (relay/core/window.py) are sent and not yet written. Suspects go only once nothing else
         is in flight.
 
-        Chains go first, each taking one chunk, and are held to `max_unconfirmed` only, not to
-        the window: a chain's chunk takes one broker confirm per message, so its round is long
+        Chains go first, each taking one chunk, and are held to the window's ceiling only, not
+        to its size: a chain's chunk takes one broker confirm per message, so its round is long
         by design, not because the broker queues; held to a window sized by rounds, many keys'
         chains would shrink it, and so their own number in flight, to its floor."""
         publisher, leases, window = self._publisher, self._leases, self.window
@@ -288,7 +288,7 @@ class Claimer:
             left = chains.hand_over(
                 leases.values(),
                 window.ceiling - sending,
-                self._chain_chunk,
+                max(1, min(chains.CHUNK, window.ceiling)),  # what a chain takes
                 lambda lease, chunk, key: self._publish(lease, chunk, now, chain=key),
             )
             sending = window.ceiling - left

@@ -63,7 +63,7 @@ def test_a_chain_is_handed_over_whole_and_takes_one_piece_of_the_window() -> Non
     store.add(*(make_claimed(seq) for seq in range(1000, 1100)))
     publisher = FakePublisher(hold=True)
     window = chains.CHUNK * 2 + 8
-    relay, _ = make_relay(store, publisher, batch_size=500, max_unconfirmed=window)
+    relay, _ = make_relay(store, publisher, claim_max=500, window=window)
     relay.run_once()
     assert publisher.chained == seq_pieces(1, count)
     # Only the chain's first chunk can be confirmed and unmarked at once: the rest of the
@@ -173,7 +173,7 @@ def test_stopping_gives_back_the_chains_not_handed_over() -> None:
     store.add(*(make_claimed(seq, key="b") for seq in range(41, 81)))
     publisher = FakePublisher(hold=True)
     # Room for one chain's chunk: the second chain waits for the first one's.
-    relay, _ = make_relay(store, publisher, max_unconfirmed=chains.CHUNK + 8)
+    relay, _ = make_relay(store, publisher, window=chains.CHUNK + 8)
     relay.run_once()
     assert {ref for refs in publisher.chained for ref in refs} == set(range(1, 41))
     relay.request_stop()
@@ -236,7 +236,7 @@ def test_a_chain_that_came_full_goes_on_under_its_lease_before_it_ends() -> None
     count = chains.RUN + 1 + chains.NEXT_RUN + 10
     hot_key(store, count)
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay, _ = make_relay(store, publisher, claim_max=500)
     relay.run_once()
     first = seq_pieces(1, chains.RUN + 1)
     assert publisher.chained == first  # the run and its head: what the claim took
@@ -262,7 +262,7 @@ def test_a_run_that_did_not_come_full_is_not_extended() -> None:
     store = FakeStore()
     hot_key(store, chains.RUN)  # the key's whole line, a message short of a full run
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay, _ = make_relay(store, publisher, claim_max=500)
     drain_piece_by_piece(relay, publisher)
     assert store.runs_extended == []
     assert set(store.states().values()) == {"published"}
@@ -278,7 +278,7 @@ def test_a_chain_that_broke_is_not_extended() -> None:
         return Outcome(item.seq, Fate.CONFIRMED)
 
     publisher = FakePublisher(decide=decide, hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay, _ = make_relay(store, publisher, claim_max=500)
     relay.run_once()
     publisher.answer_first()  # 3 failed: the rest of the chain was never sent
     relay.run_once()
@@ -295,7 +295,7 @@ def test_a_database_failure_while_extending_leaves_the_chain_to_end_as_usual() -
     store = FakeStore()
     hot_key(store, chains.RUN + 1 + 10)
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay, _ = make_relay(store, publisher, claim_max=500)
     relay.run_once()
     store.fail_next.append("claim_run")
     while "claim_run" in store.fail_next:  # until the chain is short enough to be extended

@@ -20,7 +20,7 @@ def test_a_suspect_is_published_alone_and_nothing_is_claimed_beside_it() -> None
     store = FakeStore()
     store.add(*(make_claimed(i) for i in (1, 2, 3)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=3)
+    relay, _ = make_relay(store, publisher, claim_max=3)
     relay.run_once()
     assert len(publisher.published) == 3
     # A suspect comes back (its relay died): claimed, but held until the batch in flight settles.
@@ -128,7 +128,7 @@ def test_a_settlement_retried_after_a_database_failure_counts_each_circuit_once(
     def missing(item: Outgoing) -> Outcome:
         return Outcome(item.seq, Fate.DESTINATION_MISSING, "404 NOT_FOUND")
 
-    relay, _ = make_relay(store, FakePublisher(decide=missing), batch_size=10)
+    relay, _ = make_relay(store, FakePublisher(decide=missing), claim_max=10)
     relay.run_once()
     relay.run_once()  # the second circuit's write fails: the settlement waits
     relay.run_once()  # and is written now
@@ -168,7 +168,7 @@ class CrashOnSecondClaim(FakeStore):
 def test_a_crash_abandons_what_was_sent_and_releases_what_was_not() -> None:
     store = CrashOnSecondClaim()
     store.add(make_claimed(1), make_claimed(2))
-    relay, _ = make_relay(store, FakePublisher(hold=True), batch_size=1, real_clock=True)
+    relay, _ = make_relay(store, FakePublisher(hold=True), claim_max=1, real_clock=True)
     with pytest.raises(RuntimeError):
         relay.run()
     relay.release_all("relay crashed")

@@ -87,7 +87,7 @@ def test_a_broken_exchange_opens_its_circuit_and_stops_taking_places_in_batches(
     add(store, "bad", range(1, 6))  # five failures: three burn and open it, two are free
     add(store, "good", range(100, 105))
     broken = Broken("bad")
-    relay = make(store, FakePublisher(decide=broken), batch_size=10)
+    relay = make(store, FakePublisher(decide=broken), claim_max=10)
     drive(relay)
     assert circuit_state(store, "bad") is CircuitState.OPEN
     assert [store.rows[s].burned for s in range(1, 6)] == [1, 1, 1, 0, 0]
@@ -180,7 +180,7 @@ def test_a_rate_limited_resource_gets_its_tokens_and_the_rest_flows_freely() -> 
     add(store, "fast", range(1000, 1100))
     publisher = FakePublisher()
     clock = Clock()
-    relay = make(store, publisher, clock=clock, rate_limits={"slow": 10.0}, batch_size=500)
+    relay = make(store, publisher, clock=clock, rate_limits={"slow": 10.0}, claim_max=500)
     drive(relay, passes=3)
     slow_sent = sum(1 for s in range(1, 101) if store.rows[s].state == "published")
     assert slow_sent == 10  # a full bucket: one second's worth
