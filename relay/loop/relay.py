@@ -1,34 +1,38 @@
-"""The relay loop: claim ready rows, hand them to the publisher, settle what the broker confirmed.
+"""The relay loop: claim ready rows, hand them to the publisher, settle what the broker answered.
 
 `run_once()` does one non-blocking pass and says what it did; `run()` only loops and waits, and
 every wait ends early on a stop request. The work is its parts': the claimer (claims, probes, rate
-tokens, the publisher's window), the settler (writes outcomes) and the upkeep (leases,
-retention).
+tokens, the window), the settler (writes answers) and the upkeep (leases, retention). The words
+are the glossary's (relay/__init__.py).
 
-Threads. One thread does the work: it claims, hands rows to the publisher, does the broker's IO
-(`Publisher.wait`, where the broker's answers arrive as calls to `done`) and writes the outcomes;
-nothing it holds is shared. Two threads only signal it, through `_inbox` and
-`Publisher.interrupt()`: the heartbeat (relay/loop/pulse.py, which `run()` starts: "declared
-dead", "claim again") and, when LISTEN is on, the listener (`wake`); `request_stop` comes from a
-signal handler or another thread the same way.
+Threads. One thread does the work: it claims, hands rows over, does the broker's IO
+(`Publisher.wait`, where the broker's answers arrive as calls to `done`) and settles them; nothing
+it holds is shared. While a statement keeps it waiting for PostgreSQL, it does the broker's IO
+too (`Store.while_waiting` -> `Publisher.wait_fd`, relay/store/overlap.py), so a hot key's chain
+goes on meanwhile. Two threads only signal it, through `_inbox` and `Publisher.interrupt()`: the
+heartbeat (relay/loop/pulse.py, which `run()` starts: "declared dead", "claim again") and, when
+LISTEN is on, the listener (`wake`); `request_stop` comes from a signal handler the same way.
 
 One message's path, in the order it happens:
 
 1. Claim. `Relay.run_once` -> `Claimer.claim` -> `Claimer._claim`: `Store.claim` leases ready
-   rows to a fresh token (suspects apart: relay/loop/suspects.py).
+   rows to a fresh token, as many as `max_in_flight` leaves room for (suspects apart:
+   relay/loop/suspects.py).
 2. Hold. `Claimer._hold`: the rows become a `Lease` (relay/loop/leases.py), those sent side by
    side waiting in `unsent`, each hot key's run as a chain (`chains.split`).
 3. Hand over. `Claimer.pump` -> `Claimer._publish`: while the window has room, a chunk of rows
-   (`Chunk`, in `Lease.chunks`) is encoded (`Publisher.encode`) and handed to
-   `Publisher.publish` with a `done` callback; chains go whole (`chains.hand_over`).
-4. Send and confirm (relay/amqp/publisher.py): `Publisher._publish` -> `_send` (basic.publish
-   on the exchange's confirm channel); later, in `Publisher.wait`, `_on_confirm` -> `_settle`;
-   once every message of the chunk is answered, `done(outcomes)` adds a `Answer` to
-   `_answered`.
-5. Answer. `Relay._settle` -> `Relay._answer`: `Lease.answer` takes the chunk's answer once,
-   `chains.answered` says what of it is to be written, and `Settler.add` queues it (a chunk the
-   publisher holds too long is answered by `_give_up_overdue` instead).
-6. Mark. `Settler.settle` (relay/loop/settler.py): decide (relay/core/settlement.py, past the
+   (`Chunk`, in `Lease.chunks`) is encoded (`Publisher.encode` -> relay/amqp/wire.py and
+   frames.py) and handed to `Publisher.publish` with a `done` callback; a chain goes whole
+   (`chains.hand_over`), its chunks one message at a time.
+4. Send (relay/amqp/publisher.py): `Publisher._publish` -> `_send` writes the message's frames on
+   its exchange's confirm channel, to the socket at once (relay/amqp/coalesce.py).
+5. Answer. Later, in `Publisher.wait`: `_on_confirm` -> `_answer` records each message's
+   `Outcome` (a chain's next message is sent from there, `confirms.Chains`); once the chunk is
+   answered, `done` adds its `Answer` to `Relay._answered`. `Relay._settle` -> `Relay._take`:
+   `Lease.answer` takes it once, `chains.answered` says what of it is to be written, and
+   `Settler.add` queues it (a chunk the publisher holds too long is answered by
+   `_give_up_overdue` instead).
+6. Settle. `Settler.settle` (relay/loop/settler.py): decide (relay/core/settlement.py, past the
    circuits), mark the confirmed rows (`Store.mark_published`, one statement per lease), write
    the failures (`Store.settle_failures`), and the rows leave their lease.
 
