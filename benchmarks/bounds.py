@@ -50,6 +50,8 @@ def ceiling(
     row.extras.append(extra)
     if c.cpu is not None:
         row.others.append(c.cpu.cores("other"))
+        if c.messages:  # the publishing process's CPU per message: what the relay's is held to
+            row.relay_us.append(c.cpu.used.get("relay", 0.0) / c.messages * 1e6)
     say(f"  {fmt_rate(c.rate)} ({extra})")
 
 

@@ -22,15 +22,17 @@ Phases, in order (choose with --phases):
                into an idle relay, and a steady 100 msg/s
   hot-key      a backlog on one key, and on four, beside the same backlog unkeyed (in-process,
                HOT_KEY messages each); raw pika publishing the same messages one confirm at a
-               time: the bound for any relay that keeps a key's order whatever the broker does;
-               and relay.Publisher alone sending one key's chain, and four keys' chains side by
-               side: the bounds the relay's one-key and four-key drains are judged against
+               time, and with four unconfirmed: the bounds for any relay that keeps one key's,
+               or four keys', order whatever the broker does, which the relay's drains are
+               judged against; and relay.Publisher alone sending one key's chain, and four
+               keys' chains side by side (diagnostics: the relay's publishing path alone)
   neighbour    a healthy exchange's messages drained in-process beside a missing exchange's:
                one row in six of the backlog (24,000 rows, or --messages if fewer), interleaved,
                goes there and its circuit opens; and the same drain with those rows removed
                (target: beside at least 0.3x alone)
   small        a backlog of --messages 80-byte bodies (a database of its own): the raw pika
-               ceiling on them and the in-process drain, and the relay's CPU per message
+               ceiling on them and the in-process drain, the relay's CPU per message against
+               raw pika's on the same messages, and the database's
   kill         a relay subprocess with default settings drains a committed backlog (20,000, or
                --messages if fewer), is SIGKILLed at 40% and restarted at once: duplicates
                (target: at most 2x K) and recovery (target: at most 6 s)
@@ -41,7 +43,7 @@ Phases, in order (choose with --phases):
 `--db mariadb://root@127.0.0.1:3306/test` (every phase but `prepared`, which is psycopg's).
 The kill phases run the chaos suite's scenarios (tests/chaos) on that kind of server, on a schema
 or database, exchange and queue of their own. The queue is purged after every phase; the
-databases and the queue are removed at the end. With --profile, a summary of both profiles
+databases and the queue are removed at the end. With --profile, a summary of the profile
 (own time, by where the code lives) follows the report.
 """
 
@@ -96,6 +98,7 @@ from benchmarks.results import (
 )
 from benchmarks.wakeup import measure_wakeup
 from outbox.signing import new_secret
+from relay.amqp.wire import with_properties
 from relay.core.signing import keys_text
 from relay.loop import chains
 from relay.ports import Outgoing
@@ -162,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         type=Path,
         metavar="DIR",
-        help="cProfile both threads of the in-process relay into DIR/*.prof (slows it down)",
+        help="cProfile the in-process relay's thread into DIR/relay-loop.prof (slows it down)",
     )
     return p
 
@@ -394,13 +397,8 @@ def _phase(
 def _outgoing(broker: BenchBroker, payloads: Sequence[bytes], now: float) -> list[Outgoing]:
     """The messages as the relay would hand them to its publisher, built before any clock runs."""
     return [
-        Outgoing(
-            i,
-            str(uuid.uuid4()),
-            broker.exchange,
-            ROUTING_KEY,
-            body,
-            message_properties(uuid.uuid4(), now),
+        with_properties(
+            i, broker.exchange, ROUTING_KEY, body, message_properties(uuid.uuid4(), now)
         )
         for i, body in enumerate(payloads)
     ]
@@ -439,6 +437,10 @@ def _hot_key(
     row = add(results, "hot-serial", serial.rate)
     row.extras.append(f"{serial.seconds:.2f} s")
     say(f"  {fmt_rate(serial.rate)} ({serial.seconds:.2f} s)")
+    # Four keys' bound: the broker with four messages unconfirmed at any moment.
+    settle()
+    say(f"{FIGURES['hot-serial-4']}, {limit} messages{tag} ...")
+    bounds.ceiling(args, broker, payloads[:limit], now, 4, results, "hot-serial-4")
     # The relay's own publishing path on the same bounds: what the relay would reach with
     # nothing of its loop (claims, marks) beside the chains.
     for key, count, lanes in (("hot-publisher", limit // 4, 1), ("hot-publisher-4", limit, 4)):
@@ -450,7 +452,7 @@ def _hot_key(
                 publish_only,
                 args.amqp,
                 items,
-                batch_size=chains.PIECE,
+                batch_size=chains.CHUNK,
                 chains=lanes,
                 timeout=args.timeout,
             ),

@@ -64,20 +64,6 @@ def _check_all_published(db: BenchDatabase, expected: int, what: str) -> None:
 # --------------------------------------------------------------------------- in-process
 
 
-class _ProfiledPublisher(Publisher):
-    """The real Publisher, with a cProfile running in its IO thread (only with --profile)."""
-
-    profile: cProfile.Profile | None = None
-
-    def _run(self) -> None:
-        self.profile = cProfile.Profile()
-        self.profile.enable()
-        try:
-            super()._run()
-        finally:
-            self.profile.disable()
-
-
 def drain_in_process(
     db: BenchDatabase,
     amqp_url: str,
@@ -100,8 +86,7 @@ def drain_in_process(
     store = open_store(
         config.db_url, statement_timeout=config.statement_timeout, relaxed_commit=True
     )
-    publisher_cls = _ProfiledPublisher if profile_dir is not None else Publisher
-    publisher = publisher_cls(
+    publisher = Publisher(
         config.amqp_url,
         confirm_timeout=config.confirm_timeout,
         name="outbox-relay bench",
@@ -109,8 +94,8 @@ def drain_in_process(
     )
     publisher.start()
     # The end of the drain is seen from inside the store's mark_published, not by polling:
-    # a polling thread would compete for the GIL with the relay's two threads and skew the
-    # figure. The wrapper only counts; the relay runs the real method.
+    # a polling thread would compete for the GIL with the relay's thread and skew the figure.
+    # The wrapper only counts; the relay runs the real method.
     marked = 0
     all_marked = threading.Event()
     finished = 0.0
@@ -171,9 +156,6 @@ def drain_in_process(
         profile_dir.mkdir(parents=True, exist_ok=True)
         if relay_profile is not None:
             relay_profile.dump_stats(profile_dir / "relay-loop.prof")
-        io_profile = getattr(publisher, "profile", None)
-        if isinstance(io_profile, cProfile.Profile):
-            io_profile.dump_stats(profile_dir / "publisher-io.prof")
     return result
 
 
@@ -332,19 +314,16 @@ def publish_only(
     sending a message once the one before it is confirmed (no database, no loop beside it)."""
     publisher = Publisher(amqp_url, name="outbox-relay bench publisher-only")
     publisher.start()
-    lock = threading.Condition()
     state = {"settled": 0, "in_flight": 0, "failed": 0}
 
     def done(outcomes: list[Outcome]) -> None:
-        with lock:
-            state["settled"] += len(outcomes)
-            state["in_flight"] -= len(outcomes)
-            state["failed"] += sum(1 for o in outcomes if o.fate is not Fate.CONFIRMED)
-            lock.notify()
+        state["settled"] += len(outcomes)
+        state["in_flight"] -= len(outcomes)
+        state["failed"] += sum(1 for o in outcomes if o.fate is not Fate.CONFIRMED)
 
     total = len(items)
     # (batch, its chain or None), in the order they are handed over: with chains, each chain's
-    # first piece, then each one's second..., so that every chain starts at once.
+    # first chunk, then each one's second..., so that every chain starts at once.
     lanes = [list(items[c::chains]) if chains else list(items) for c in range(max(chains, 1))]
     cut = [[lane[i : i + batch_size] for i in range(0, len(lane), batch_size)] for lane in lanes]
     batches = deque(
@@ -358,15 +337,14 @@ def publish_only(
         meter.start()
         started = time.perf_counter()
         deadline = started + timeout
-        with lock:
-            while state["settled"] < total:
-                while batches and (chains or state["in_flight"] + batch_size <= max_in_flight):
-                    batch, chain = batches.popleft()
-                    state["in_flight"] += len(batch)
-                    publisher.publish(batch, done, chain=chain)
-                if time.perf_counter() > deadline:
-                    raise DrainError(f"publisher only: {state['settled']} of {total} settled")
-                lock.wait(0.5)
+        while state["settled"] < total:
+            while batches and (chains or state["in_flight"] + batch_size <= max_in_flight):
+                batch, chain = batches.popleft()
+                state["in_flight"] += len(batch)
+                publisher.publish(batch, done, chain=chain)
+            if time.perf_counter() > deadline:
+                raise DrainError(f"publisher only: {state['settled']} of {total} settled")
+            publisher.wait(0.5)  # the answers arrive here
         finished = time.perf_counter()
         cpu = meter.stop(finished - started)
     finally:
@@ -389,6 +367,7 @@ def drain_one_at_a_time(
     Drains `limit` messages of the backlog (it is slow; its rate is what is compared)."""
     import pika
 
+    from relay.amqp.frames import decode_properties
     from relay.amqp.wire import to_outgoing
 
     store = open_store(db.url)
@@ -412,8 +391,9 @@ def drain_one_at_a_time(
             for row in rows:
                 item = to_outgoing(row)
                 # Blocks until the broker confirms (raises on nack or return).
+                props = decode_properties(item.header)
                 channel.basic_publish(
-                    item.exchange, item.routing_key, item.body, item.properties, mandatory=True
+                    item.exchange, item.routing_key, item.body, props, mandatory=True
                 )
                 done += store.mark_published(token, [row.seq])
         finished = time.perf_counter()

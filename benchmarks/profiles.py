@@ -1,5 +1,5 @@
-"""A short reading of the in-process drain's profiles (--profile DIR): for each thread, its own
-time by where the code lives, then the functions that spent most of it.
+"""A short reading of the in-process drain's profile (--profile DIR): the relay thread's own time
+by where the code lives, then the functions that spent most of it.
 
 Own time (pstats' tottime) is time in a function's own body, not in what it calls: what to make
 faster. A wait is own time of the function that blocks, so waits are grouped apart: psycopg's
@@ -14,11 +14,8 @@ import sysconfig
 from collections import defaultdict
 from pathlib import Path
 
-# The two profiles drain.drain_in_process writes, and what each thread does.
-PROFILES = (
-    ("relay-loop.prof", "the relay loop thread: claims, hand-over, marks"),
-    ("publisher-io.prof", "the publisher's IO thread: pika, confirms"),
-)
+# The profile drain.drain_in_process writes, and what its thread does.
+PROFILES = (("relay-loop.prof", "the relay's thread: claims, sends, confirms, marks"),)
 TOP = 15
 IDLE = ("'acquire' of '_thread", "'get' of '_queue", "'poll' of 'select", "time.sleep")
 DB_WAIT = ("wait", "wait_c", "wait_conn")  # psycopg's functions that block on the server
@@ -91,7 +88,7 @@ def summarise(path: Path, what: str, top: int = TOP) -> list[str]:
 
 
 def summary(directory: Path, since: float = 0.0) -> list[str]:
-    """The lines for both profiles in `directory` written after `since` (time.time()), or why
+    """The lines for the profiles in `directory` written after `since` (time.time()), or why
     there are none."""
     lines: list[str] = []
     for name, what in PROFILES:

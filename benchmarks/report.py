@@ -153,6 +153,7 @@ def figures(results: Results) -> Figures:
 
     relay = "in-process" if value("in-process") is not None else "subprocess"
     small, drained = results.get("small"), results.get(relay)
+    ceiling_row = results.get("small-ceiling")
     windows = {w: rate for w in WINDOWS if (rate := value(f"window-{w}")) is not None}
     return Figures(
         ceiling=value("ceiling"),
@@ -163,14 +164,20 @@ def figures(results: Results) -> Figures:
         kill_recovery_s=value("kill-recovery"),
         steady_duplicates=value("steady-kill"),
         hot_1=value("hot-1"),
-        hot_publisher=value("hot-publisher"),
+        hot_serial=value("hot-serial"),
         hot_4=value("hot-4"),
-        hot_publisher_4=value("hot-publisher-4"),
+        hot_serial_4=value("hot-serial-4"),
         neighbour=value("neighbour"),
         neighbour_alone=value("neighbour-alone"),
         small=value("small"),
         small_ceiling=value("small-ceiling"),
-        small_relay_us=median(small.relay_us) if small is not None else None,
+        small_relay_us=median(small.relay_us) if small is not None and small.relay_us else None,
+        small_ceiling_us=median(ceiling_row.relay_us)
+        if ceiling_row and ceiling_row.relay_us
+        else None,
+        small_database_us=(
+            median(small.database_us) if small is not None and small.database_us else None
+        ),
         relay_us=median(drained.relay_us) if drained is not None else None,
     )
 

@@ -31,8 +31,9 @@ FIGURES = {
     "hot-1": "one hot key",
     "hot-4": "four hot keys",
     "hot-serial": "raw pika, one confirm at a time",
-    "hot-publisher": "relay Publisher alone, one key's chain",
-    "hot-publisher-4": "relay Publisher alone, four keys' chains",
+    "hot-serial-4": "raw pika, four unconfirmed",
+    "hot-publisher": "diagnostic: relay Publisher alone, one key's chain",
+    "hot-publisher-4": "diagnostic: relay Publisher alone, four keys' chains",
     "neighbour-alone": "healthy exchange alone (beside nothing broken)",
     "neighbour": "healthy exchange beside a broken one",
     **{f"window-{w}": f"raw pika ceiling, window {w}" for w in WINDOWS},
@@ -49,6 +50,7 @@ BASES = {
     "hot-1": ("hot-unkeyed", "unkeyed"),
     "hot-4": ("hot-unkeyed", "unkeyed"),
     "hot-serial": ("hot-unkeyed", "unkeyed"),
+    "hot-serial-4": ("hot-unkeyed", "unkeyed"),
     "hot-publisher": ("hot-unkeyed", "unkeyed"),
     "hot-publisher-4": ("hot-unkeyed", "unkeyed"),
     "neighbour": ("neighbour-alone", "alone"),
@@ -56,7 +58,7 @@ BASES = {
 }
 # Rows whose values are not rates: left out of the table, reported below it.
 NOT_RATES = ("enqueue", "wakeup", "window-need", "kill", "kill-recovery", "steady-kill")
-DIAG = ("store", "publisher")
+DIAG = ("store", "publisher", "hot-publisher", "hot-publisher-4")
 
 
 @dataclass
@@ -67,6 +69,7 @@ class Row:
     others: list[float] = field(default_factory=list)  # cores used by other processes, per run
     work_us: list[float] = field(default_factory=list)  # relay + database CPU us/msg, per run
     relay_us: list[float] = field(default_factory=list)  # relay CPU us/msg, per run
+    database_us: list[float] = field(default_factory=list)  # database CPU us/msg, per run
     diagnostic: bool = False
     error: str | None = None
 
@@ -132,7 +135,9 @@ def add_drain(results: Results, key: str, r: DrainResult) -> None:
         if r.messages:
             relay = r.cpu.used.get("relay", 0.0)
             found.relay_us.append(relay / r.messages * 1e6)
-            found.work_us.append((relay + r.cpu.used.get("database", 0.0)) / r.messages * 1e6)
+            database = r.cpu.used.get("database", 0.0)
+            found.work_us.append((relay + database) / r.messages * 1e6)
+            found.database_us.append(database / r.messages * 1e6)
     extra = "; ".join(parts)
     found.extras.append(extra)
     say(f"  {fmt_rate(r.rate)} ({extra})")

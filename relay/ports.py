@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -18,6 +19,10 @@ from relay.core.retention import RetentionPolicy
 from relay.errors import RelayError
 
 T = TypeVar("T")
+
+# Waits until a file descriptor is ready: (fileno, events wanted) -> events ready, each a
+# selectors event mask (EVENT_READ 1, EVENT_WRITE 2). Store.while_waiting takes one.
+FdWait = Callable[[int, int], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +193,10 @@ class Store(Protocol):
 
     def ping(self) -> None: ...
 
+    def while_waiting(self, wait: FdWait) -> AbstractContextManager[None]:
+        """On the calling thread, until the block ends, wait for the database by calling
+        `wait(fileno, events)` (which may do other work meanwhile), where the driver allows."""
+
     def close(self) -> None: ...
 
 
@@ -204,14 +213,17 @@ class ResourceRow:
 
 @dataclass(slots=True)
 class Outgoing:
-    """A message ready for the wire (relay/amqp/wire.py makes one from a Claimed row)."""
+    """A message ready for the wire (relay/amqp/wire.py makes one from a Claimed row): its
+    basic.publish and content header already encoded (relay/amqp/frames.py), so sending it is
+    framing them with a channel's number."""
 
-    ref: int  # the row's seq: the outcome names it
+    seq: int  # the row's: its outcome names it
     message_id: str
     exchange: str
     routing_key: str
     body: bytes
-    properties: Any  # the broker client's message properties (pika.BasicProperties)
+    method: bytes  # the basic.publish method's arguments, encoded
+    header: bytes  # the content header (body size and properties), encoded
 
 
 class RetentionFailed(RelayError):
@@ -223,17 +235,13 @@ class MalformedRow(ValueError):
     """A stored row cannot be turned into a message: it would fail the same way forever."""
 
 
-# Called once per batch, with one outcome per message, when the broker has settled them all.
+# Called once per batch, with one outcome per message, when the broker has answered them all.
 Done = Callable[[list[Outcome]], None]
 
 
 class Publisher(Protocol):
     ready: bool  # connected, with somewhere to publish
     blocked: bool  # the broker pushes back (a resource alarm): publish nothing new
-
-    @property
-    def alive(self) -> bool:
-        """Whether the publisher can still settle what it is given (its IO thread runs)."""
 
     def encode(
         self, row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None
@@ -244,10 +252,22 @@ class Publisher(Protocol):
     def start(self, timeout: float = ...) -> None:
         """Connect; raise BrokerUnavailable if that fails."""
 
+    def wait(self, timeout: float) -> None:
+        """Do the broker's IO for up to `timeout` seconds (0: what is ready now): the answers
+        that arrive call their batches' `done`. Returns early on `interrupt()`."""
+
+    def interrupt(self) -> None:
+        """End a `wait()` early; the only method safe from another thread."""
+
+    def wait_fd(self, fileno: int, events: int) -> int:
+        """Wait until `fileno` is ready for `events` (selectors' EVENT_READ, EVENT_WRITE),
+        doing the broker's IO meanwhile; return the events that are ready."""
+
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
     ) -> None:
-        """Hand over a batch; `done(outcomes)` is called (from any thread) once all are settled.
+        """Hand over a batch; `done(outcomes)` is called once the broker has answered every
+        message: in a later `wait()`, or at once when none can be sent.
 
         `chain`: the batches handed over with the same chain go one message at a time, in the
         order handed over, each sent once the one before it is confirmed; after the first that
@@ -255,4 +275,4 @@ class Publisher(Protocol):
         one. A key's order then holds whatever the broker does with any one of them."""
 
     def stop(self, timeout: float = ...) -> None:
-        """Close; unsettled messages are reported as not confirmed."""
+        """Close; unanswered messages are reported as not confirmed."""

@@ -1,10 +1,15 @@
-"""A pika connection that writes a batch of messages to its socket at once.
+"""A pika connection that writes a chunk of messages to its socket at once, and at once.
 
 pika hands every frame to its transport as a write of its own, and the transport sends each with
 a `send()` of its own: three system calls per message (method, header, body). Inside
 `coalesced()`, the frames are gathered and handed over as one write when it ends, in the order
 pika made them; the transport sends that as its socket takes it. The broker reads the same
 bytes, in fewer, larger segments, and spends less time reading them too.
+
+pika's transport only buffers a write and sends it when the IO loop next polls the socket. The
+relay's thread does its database work between polls, so a chunk handed over before a claim or a
+mark would wait for that statement: when `coalesced()` ends, what it gathered is sent straight
+away instead (`_send_now`), as much as the socket takes; the rest goes at the next poll.
 
 Only the write is changed: pika still marshals every frame and counts it, and a frame written
 outside `coalesced()` (a heartbeat, a channel opening or closing, the connection's own methods)
@@ -50,8 +55,21 @@ class CoalescingConnection(SelectConnection):  # type: ignore[misc]  # pika is u
             # No transport: the connection closed meanwhile, and pika drops what it would write.
             if getattr(self, "_transport", None) is not None:
                 super()._adapter_emit_data(b"".join(held))
+                self._send_now()
             held.clear()
         self._held_bytes = 0
+
+    def _send_now(self) -> None:
+        """Have the transport send its buffer now, as pika does when the socket turns writable
+        (a would-block leaves the rest for that; any other error aborts the connection, as
+        pika's own write would)."""
+        transport = self._transport
+        if transport.get_write_buffer_size() and hasattr(transport, "_on_socket_writable"):
+            transport._on_socket_writable()
+
+    def send_frames(self, data: bytes) -> None:
+        """Write frames made outside pika (relay/amqp/frames.py), counted as pika counts its own."""
+        self._output_marshaled_frames((data,))
 
     @contextlib.contextmanager
     def coalesced(self) -> Iterator[None]:

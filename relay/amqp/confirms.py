@@ -1,9 +1,9 @@
-"""What the publisher's IO thread tracks until the broker answers: each batch's outcomes as they
+"""What the publisher tracks until the broker answers: each chunk's outcomes as they
 come, each exchange's confirm channel with its unconfirmed deliveries, and the order of each
-chain's batches (`Chains`: one message at a time, each sent from the confirm of the one before
+chain's chunks (`Chains`: one message at a time, each sent from the confirm of the one before
 it; ports.Publisher.publish).
 
-Only the IO thread touches these, so nothing here locks.
+Only the relay's one thread touches these, so nothing here locks.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 from relay.core.outcome import HELD_BACK, Fate, Outcome
 from relay.ports import Done, Outgoing
 
-# Broken chains remembered (ample: a chain's batches all arrive within one pass of the relay).
+# Broken chains remembered (ample: a chain's chunks all arrive within one pass of the relay).
 MAX_BROKEN_CHAINS = 4096
 
 
 @dataclass(slots=True, eq=False)
-class Batch:
+class Chunk:
     items: Sequence[Outgoing]
     done: Done
     sent_at: float
@@ -30,7 +30,7 @@ class Batch:
     chain: Hashable | None = None  # one at a time, each after the one before it is confirmed
 
 
-Entry = tuple[Batch, int]
+Entry = tuple[Chunk, int]
 
 
 @dataclass(slots=True, eq=False)
@@ -44,70 +44,70 @@ class Chan:
     queued: list[Entry] = field(default_factory=list)  # waiting for the channel to open
 
 
-def answer(batch: Batch) -> None:
-    """Call the batch's `done` with its outcomes (every one settled, or held back)."""
-    batch.done([o for o in batch.outcomes if o is not None])
+def report(chunk: Chunk) -> None:
+    """Call the chunk's `done` with its outcomes (every one answered, or held back)."""
+    chunk.done([o for o in chunk.outcomes if o is not None])
 
 
-def hold_back(batch: Batch, start: int, why: str) -> None:
-    """Settle the batch's messages from `start` on, not settled yet, as never sent (held_back)."""
-    for j in range(start, len(batch.items)):
-        if batch.outcomes[j] is None:
-            batch.outcomes[j] = Outcome(batch.items[j].ref, Fate.NOT_SENT, why, held_back=True)
-            batch.remaining -= 1
+def hold_back(chunk: Chunk, start: int, why: str) -> None:
+    """Answer the chunk's messages from `start` on, unanswered yet, as never sent (held_back)."""
+    for j in range(start, len(chunk.items)):
+        if chunk.outcomes[j] is None:
+            chunk.outcomes[j] = Outcome(chunk.items[j].seq, Fate.NOT_SENT, why, held_back=True)
+            chunk.remaining -= 1
 
 
 class Chains:
-    """The chains being sent: each chain's batches, the one being sent first (the rest wait for
+    """The chains being sent: each chain's chunks, the one being sent first (the rest wait for
     it to be confirmed), and the chains that broke, most recent last."""
 
-    def __init__(self, send: Callable[[Batch, int], None]) -> None:
-        self._send = send  # sends message i of a batch: the one before it was confirmed
-        self._waiting: dict[Hashable, deque[Batch]] = {}
-        # A batch of a chain that broke (the relay hands a chain's batches over together, so
+    def __init__(self, send: Callable[[Chunk, int], None]) -> None:
+        self._send = send  # sends message i of a chunk: the one before it was confirmed
+        self._waiting: dict[Hashable, deque[Chunk]] = {}
+        # A chunk of a chain that broke (the relay hands a chain's chunks over together, so
         # only by a race) is held back too.
         self._broken: OrderedDict[Hashable, None] = OrderedDict()
 
-    def held_back(self, batch: Batch) -> bool:
-        """If the batch's chain broke already, hold it back whole and answer it: True."""
-        if batch.chain not in self._broken:
+    def held_back(self, chunk: Chunk) -> bool:
+        """If the chunk's chain broke already, hold it back whole and answer it: True."""
+        if chunk.chain not in self._broken:
             return False
-        hold_back(batch, 0, HELD_BACK)
-        answer(batch)
+        hold_back(chunk, 0, HELD_BACK)
+        report(chunk)
         return True
 
-    def start(self, batch: Batch) -> None:
-        """Queue a chain's batch behind the chain's others; send its first message if none is
+    def start(self, chunk: Chunk) -> None:
+        """Queue a chain's chunk behind the chain's others; send its first message if none is
         being sent."""
-        waiting = self._waiting.setdefault(batch.chain, deque())
-        waiting.append(batch)
+        waiting = self._waiting.setdefault(chunk.chain, deque())
+        waiting.append(chunk)
         if len(waiting) == 1:  # else it starts when the one before it is all confirmed
-            self._send(batch, 0)
+            self._send(chunk, 0)
 
-    def settled(self, batch: Batch, i: int, outcome: Outcome) -> None:
-        """Message `i` of a chain's batch is settled: send the next (of this batch, or of the
-        chain's next batch once this one is answered), or, if it was not confirmed, send nothing
+    def answered(self, chunk: Chunk, i: int, outcome: Outcome) -> None:
+        """Message `i` of a chain's chunk is answered: send the next (of this chunk, or of the
+        chain's next chunk once this one is answered), or, if it was not confirmed, send nothing
         more of the chain: the rest are held back (sending them would put them ahead of it)."""
         confirmed = outcome.fate is Fate.CONFIRMED
-        if confirmed and i + 1 < len(batch.items):
-            self._send(batch, i + 1)
+        if confirmed and i + 1 < len(chunk.items):
+            self._send(chunk, i + 1)
             return
         why = f"{HELD_BACK} ({outcome.fate})"
         if not confirmed:
-            hold_back(batch, i + 1, why)
-            self._broken[batch.chain] = None
+            hold_back(chunk, i + 1, why)
+            self._broken[chunk.chain] = None
             if len(self._broken) > MAX_BROKEN_CHAINS:
                 self._broken.popitem(last=False)
-        answer(batch)
-        waiting = self._waiting.get(batch.chain)
-        if waiting is None or not waiting or waiting[0] is not batch:
+        report(chunk)
+        waiting = self._waiting.get(chunk.chain)
+        if waiting is None or not waiting or waiting[0] is not chunk:
             return
         waiting.popleft()
         while waiting and not confirmed:
             later = waiting.popleft()
             hold_back(later, 0, why)
-            answer(later)
+            report(later)
         if waiting:
             self._send(waiting[0], 0)
         else:
-            del self._waiting[batch.chain]
+            del self._waiting[chunk.chain]

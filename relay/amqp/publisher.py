@@ -1,9 +1,15 @@
-"""Everything pika: one connection in its own IO thread, publisher confirms streamed.
+"""Everything pika: one connection, publisher confirms streamed, on the caller's thread.
 
 Many messages are in flight at once (pika's asynchronous adapter; a BlockingConnection waits for
-each confirm and tops out near a fifth of the rate). The relay hands over whole batches with
-`publish()`; once every message of a batch is settled, `done` is called with one `Outcome` per
-message. Nothing outside this module knows what a delivery tag is.
+each confirm and tops out near a fifth of the rate). The relay hands over whole chunks with
+`publish()`; once the broker has answered every message of a chunk, `done` is called with one
+`Outcome` per message. Nothing outside this module knows what a delivery tag is.
+
+The publisher has no thread of its own: the thread that uses it does its IO in `wait()`, which
+reads the broker's answers (calling `done` there), writes what was published, and runs pika's
+timers (reconnects, confirm timeouts). The relay loop calls it between its turns, so one thread
+claims, sends, reads confirms and records them, and nothing is handed between threads.
+`interrupt()` is the one method another thread may call: it ends a `wait()` early.
 
 The broker may be a cluster: the nodes are tried in the order given, and a failed connect or a
 lost connection moves on to the next node at once; only when every node failed does the
@@ -12,7 +18,7 @@ publisher back off before the next round (relay/amqp/nodes.py, Rounds).
 Each exchange gets its own confirm channel: publishing to a missing exchange makes the broker
 close the channel (404), and with one channel per exchange that takes down only the messages
 that were going there, never the other destinations' messages in flight. What is waiting for
-the broker's answer (batches, channels, chains) is tracked in relay/amqp/confirms.py.
+the broker's answer (chunks, channels, chains) is tracked in relay/amqp/confirms.py.
 """
 
 from __future__ import annotations
@@ -20,27 +26,27 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import struct
-import threading
+import select
+import selectors
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 from pika import spec
-from pika.adapters.select_connection import IOLoop
+from pika.adapters.select_connection import IOLoop, PollEvents
 from pika.exceptions import (
     AMQPConnectionError,
     ChannelClosedByBroker,
-    UnsupportedAMQPFieldException,
 )
 
+from relay.amqp import frames
 from relay.amqp.coalesce import CoalescingConnection
-from relay.amqp.confirms import Batch, Chains, Chan, answer
+from relay.amqp.confirms import Chains, Chan, Chunk, report
 from relay.amqp.connect_errors import connect_error
 from relay.amqp.nodes import Node, Rounds, broker_nodes, lost_fields, plain
 from relay.amqp.tls import TlsOptions
-from relay.amqp.untraced import basic_publish, suppress_instrumentation, wrapped_pika
+from relay.amqp.untraced import untraced, wrapped_pika
 from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
 from relay.core.outcome import Fate, Outcome
 from relay.core.signing import Keyring
@@ -49,10 +55,6 @@ from relay.errors import BrokerUnavailable
 from relay.ports import Claimed, Done, Outgoing
 
 log = logging.getLogger("relay.publisher")
-
-# What basic_publish raises when the message itself cannot be encoded (as opposed to a channel
-# that is closing): such a message would fail the same way forever.
-_ENCODING_ERRORS = (TypeError, ValueError, struct.error, UnsupportedAMQPFieldException)
 
 # AMQP allows 2047 channels per connection by default; idle ones beyond this are closed.
 MAX_CHANNELS = 256
@@ -67,8 +69,8 @@ class Publisher:
     def encode(
         self, row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None
     ) -> Outgoing:
-        """A claimed row as a message on this wire, checked against this connection's frame_max
-        (called by the relay loop, on its own thread); MalformedRow when there can be none."""
+        """A claimed row as a message on this wire, checked against this connection's frame_max;
+        MalformedRow when there can be none."""
         signer = self._keyring.for_exchange(row.exchange) if self._keyring is not None else None
         return to_outgoing(
             row,
@@ -103,39 +105,100 @@ class Publisher:
         self.node: str | None = None  # host:port of the node connected to, for logs and /readyz
         self._confirm_timeout = confirm_timeout
         self._ioloop = IOLoop()
-        self._thread: threading.Thread | None = None
+        self._started = False  # the poller is active: wait() does IO, stop() has work to do
         self._conn: Any = None
         self._chans: OrderedDict[str, Chan] = OrderedDict()  # least recently used first
         self._chains = Chains(self._next_in_chain)
         self._returned: dict[str, str] = {}
         self._stopping = False
-        self._first_attempt = threading.Event()
+        self._first_attempt = False  # a node answered, or every node failed once
         self._first_error: str | None = None
         # Nodes that failed before any answered, and why: logged once one answers, or said all
         # at once by start() when none does (one line, not a warning per node before it).
         self._first_round: list[tuple[Node, str]] = []
-        self.ready = False  # read by other threads; a plain bool is atomic enough
+        self.ready = False  # read by /readyz on the HTTP thread; a plain bool is atomic enough
         self.blocked = False
         # What the broker negotiated at connection.tune; RabbitMQ closes the connection on a
         # larger frame, so encode() refuses a message whose header frame would be.
         self._frame_max = DEFAULT_FRAME_MAX
         self.connections = 0  # connections opened so far: more than one means one was lost
 
-    # ----------------------------------------------------------------- other threads' API
+    # ----------------------------------------------------------------- the caller's API
 
     def start(self, timeout: float = 10.0) -> None:
         """Connect to the first node that answers, in order; raise BrokerUnavailable if none
         does (`timeout` seconds per node)."""
-        self._thread = threading.Thread(target=self._run, name="publisher-io", daemon=True)
-        self._thread.start()
-        self._ioloop.add_callback_threadsafe(self._connect)
+        wrapped = wrapped_pika()
+        if wrapped:
+            log.info("broker.instrumentation_bypassed", extra={"wrapped": ",".join(wrapped)})
+        self._ioloop.activate_poller()
+        self._started = True
+        with untraced():
+            self._connect()
+        self._ioloop.call_later(1.0, self._check_confirm_timeouts)
         waited = timeout * len(self._rounds.nodes)
-        if not self._first_attempt.wait(waited):
+        deadline = time.monotonic() + waited
+        while not self._first_attempt and time.monotonic() < deadline:
+            self.wait(deadline - time.monotonic())
+        if not self._first_attempt:
             self.stop(1.0)
             raise BrokerUnavailable(f"broker {self._all_urls} did not answer within {waited:.0f} s")
         if self._first_error is not None:
             self.stop(1.0)
             raise BrokerUnavailable(f"cannot connect to broker {self._why_none_answered()}")
+
+    def wait(self, timeout: float) -> None:
+        """Do the broker's IO: wait up to `timeout` seconds for it (0: only what is ready), then
+        handle what came (the broker's answers call their chunks' `done` here) and the timers
+        that are due. Returns after the first burst of events, or `interrupt()`."""
+        if not self._started:
+            return
+        loop = self._ioloop
+        # pika's poll waits until its next timer: this one bounds the wait.
+        bound = loop.call_later(max(0.0, timeout), _nothing)
+        with untraced():
+            loop.poll()
+            loop.process_timeouts()
+        loop.remove_timeout(bound)
+
+    def interrupt(self) -> None:
+        """End the current or next `wait()` at once. Safe from any thread and signal handler."""
+        if self._started:
+            self._ioloop.add_callback_threadsafe(_nothing)
+
+    def wait_fd(self, fileno: int, events: int) -> int:
+        """Wait until `fileno` (the database's socket) is ready for `events` (selectors'
+        EVENT_READ, EVENT_WRITE), doing the broker's IO meanwhile: its answers are read and a
+        chain's next message is sent while a statement runs (relay/store/overlap.py). Returns
+        the events that are ready (both on an error, for the driver to find it)."""
+        if not self._started:  # stopped: nothing else to do while waiting
+            readers = [fileno] if events & selectors.EVENT_READ else []
+            writers = [fileno] if events & selectors.EVENT_WRITE else []
+            r, w, _ = select.select(readers, writers, [fileno])
+            return (selectors.EVENT_READ if r else 0) | (
+                selectors.EVENT_WRITE if w else 0
+            ) or events
+        mask = (PollEvents.READ if events & selectors.EVENT_READ else 0) | (
+            PollEvents.WRITE if events & selectors.EVENT_WRITE else 0
+        )
+        got = 0
+
+        def happened(_fd: int, what: int) -> None:
+            nonlocal got
+            got |= what
+
+        loop = self._ioloop
+        loop.add_handler(fileno, happened, mask)
+        try:
+            while not got:
+                self.wait(1.0)
+        finally:
+            loop.remove_handler(fileno)
+        if got & ~(PollEvents.READ | PollEvents.WRITE):  # an error or a hang-up
+            return selectors.EVENT_READ | selectors.EVENT_WRITE
+        return (selectors.EVENT_READ if got & PollEvents.READ else 0) | (
+            selectors.EVENT_WRITE if got & PollEvents.WRITE else 0
+        )
 
     def _why_none_answered(self) -> str:
         """Where and why, in one line: each node and its error, in plain words but the last
@@ -149,44 +212,30 @@ class Publisher:
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
     ) -> None:
-        """Publish a batch; `done(outcomes)` is called from the IO thread once all are settled.
-        A chain's batches go one message at a time (ports.Publisher.publish)."""
-        batch = Batch(items, done, time.monotonic(), chain=chain)
-        self._ioloop.add_callback_threadsafe(lambda: self._publish(batch))
+        """Publish a chunk; `done(outcomes)` is called from `wait()` once the broker has answered
+        every message (at once when none can be sent). A chain's chunks go one message at a
+        time (ports.Publisher.publish)."""
+        with untraced():
+            self._publish(Chunk(items, done, time.monotonic(), chain=chain))
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Close the connection; unsettled messages are reported UNCONFIRMED or NOT_SENT."""
-        if self._thread is None:
+        """Close the connection; unanswered messages are reported UNCONFIRMED or NOT_SENT."""
+        if not self._started:
             return
-        self._ioloop.add_callback_threadsafe(self._shutdown)
-        self._thread.join(timeout)
-        if not self._thread.is_alive():
-            # The loop's wake-up socket pair is ours to close once the loop has stopped.
-            with contextlib.suppress(Exception):
-                self._ioloop.close()
-        self._thread = None
+        self._shutdown()
+        deadline = time.monotonic() + timeout
+        while self._conn is not None and time.monotonic() < deadline:
+            self.wait(deadline - time.monotonic())
+        self.ready = False
+        self._fail_everything("publisher stopped before the broker confirmed")
+        self._started = False
+        with contextlib.suppress(Exception):
+            self._ioloop.deactivate_poller()
+        # The loop's wake-up socket pair is ours to close once nothing polls it.
+        with contextlib.suppress(Exception):
+            self._ioloop.close()
 
     # ----------------------------------------------------------------- connection
-
-    @property
-    def alive(self) -> bool:
-        """Whether the IO thread runs (before start and after stop: True, nothing to settle).
-        A callback that raised ends it: nothing would be settled any more."""
-        thread = self._thread
-        return thread is None or thread.is_alive()
-
-    def _run(self) -> None:
-        # This thread only publishes and settles: no instrumentation may touch its messages.
-        suppress_instrumentation()
-        wrapped = wrapped_pika()
-        if wrapped:
-            log.info("broker.instrumentation_bypassed", extra={"wrapped": ",".join(wrapped)})
-        self._ioloop.call_later(1.0, self._check_confirm_timeouts)
-        try:
-            self._ioloop.start()
-        finally:
-            self.ready = False  # nothing publishes without this thread (the loop claims nothing)
-            self._fail_everything("publisher stopped before the broker confirmed")
 
     @property
     def _url(self) -> str:
@@ -221,16 +270,16 @@ class Publisher:
         self._first_round.clear()
         self.ready = True
         log.info("broker.connected", extra={"node": self.node, "broker": self._url})
-        self._first_attempt.set()
+        self._first_attempt = True
 
     def _on_connection_open_error(self, _conn: Any, err: BaseException) -> None:
+        self._conn = None
         self._lost(f"connection failed: {connect_error(err)}")
 
     def _on_connection_closed(self, _conn: Any, reason: BaseException) -> None:
         self._conn = None
         if self._stopping:
             self._fail_everything("publisher stopped before the broker confirmed")
-            self._ioloop.stop()
             return
         self._lost(f"connection closed: {reason}")
 
@@ -239,15 +288,14 @@ class Publisher:
         self.node = None
         self._fail_everything(why)
         failure = self._rounds.failed()
-        starting = not self._first_attempt.is_set()
+        starting = not self._first_attempt
         if starting:
             self._first_round.append((failure.node, why))
             if failure.round_over:
                 self._first_error = why
-                self._first_attempt.set()
+                self._first_attempt = True
                 return
         if self._stopping:
-            self._ioloop.stop()
             return
         delay = self._rounds.backoff(failure)
         if not starting:
@@ -302,8 +350,8 @@ class Publisher:
         chan.next_tag = 0
         queued, chan.queued = chan.queued, []
         with self._conn.coalesced():
-            for batch, i in queued:
-                self._send(chan, batch, i)
+            for chunk, i in queued:
+                self._send(chan, chunk, i)
 
     def _on_channel_closed(self, chan: Chan, reason: BaseException) -> None:
         if self._chans.get(chan.exchange) is chan:
@@ -322,68 +370,67 @@ class Publisher:
 
     # ----------------------------------------------------------------- publishing
 
-    def _publish(self, batch: Batch) -> None:
-        n = len(batch.items)
-        batch.outcomes = [None] * n
-        batch.remaining = n
+    def _publish(self, chunk: Chunk) -> None:
+        n = len(chunk.items)
+        chunk.outcomes = [None] * n
+        chunk.remaining = n
         if n == 0:
-            batch.done([])
+            chunk.done([])
             return
-        if batch.chain is not None and self._chains.held_back(batch):
+        if chunk.chain is not None and self._chains.held_back(chunk):
             return
         if self._conn is None or not self._conn.is_open or self._stopping:
             why = "connection blocked" if self.blocked else "no connection to the broker"
-            for i, item in enumerate(batch.items):
-                self._settle(
-                    batch, i, Outcome(item.ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
+            for i, item in enumerate(chunk.items):
+                self._answer(
+                    chunk, i, Outcome(item.seq, Fate.NOT_SENT, why, while_blocked=self.blocked)
                 )
             return
-        if batch.chain is not None:
-            self._chains.start(batch)
+        if chunk.chain is not None:
+            self._chains.start(chunk)
             return
         chan: Chan | None = None
-        with self._conn.coalesced():  # the whole batch in one write (relay/amqp/coalesce.py)
-            for i, item in enumerate(batch.items):
+        with self._conn.coalesced():  # the whole chunk in one write (relay/amqp/coalesce.py)
+            for i, item in enumerate(chunk.items):
                 if chan is None or chan.exchange != item.exchange:
                     chan = self._chan(item.exchange)
-                self._send_or_queue(chan, batch, i)
+                self._send_or_queue(chan, chunk, i)
 
-    def _next_in_chain(self, batch: Batch, i: int) -> None:
-        """Send message `i` of a chained batch (the one before it was confirmed). Straight from
-        the confirm's callback: no thread hop and no database round trip between the two."""
+    def _next_in_chain(self, chunk: Chunk, i: int) -> None:
+        """Send message `i` of a chained chunk (the one before it was confirmed). Straight from
+        the confirm's callback: no database round trip between the two."""
         if self._conn is None or not self._conn.is_open or self._stopping:
             why = "connection blocked" if self.blocked else "no connection to the broker"
-            outcome = Outcome(batch.items[i].ref, Fate.NOT_SENT, why, while_blocked=self.blocked)
-            self._settle(batch, i, outcome)
+            outcome = Outcome(chunk.items[i].seq, Fate.NOT_SENT, why, while_blocked=self.blocked)
+            self._answer(chunk, i, outcome)
             return
-        batch.sent_at = time.monotonic()  # the confirm timeout counts from this message's send
+        chunk.sent_at = time.monotonic()  # the confirm timeout counts from this message's send
         with self._conn.coalesced():  # its three frames in one write
-            self._send_or_queue(self._chan(batch.items[i].exchange), batch, i)
+            self._send_or_queue(self._chan(chunk.items[i].exchange), chunk, i)
 
-    def _send_or_queue(self, chan: Chan, batch: Batch, i: int) -> None:
+    def _send_or_queue(self, chan: Chan, chunk: Chunk, i: int) -> None:
         if chan.channel is None:
-            chan.queued.append((batch, i))  # sent once the channel is in confirm mode
+            chan.queued.append((chunk, i))  # sent once the channel is in confirm mode
         else:
-            self._send(chan, batch, i)
+            self._send(chan, chunk, i)
 
-    def _send(self, chan: Chan, batch: Batch, i: int) -> None:
-        item = batch.items[i]
-        try:
-            # pika's own method, around any wrapper that would rewrite traceparent (untraced.py)
-            basic_publish(
-                chan.channel, item.exchange, item.routing_key, item.body, item.properties, True
+    def _send(self, chan: Chan, chunk: Chunk, i: int) -> None:
+        item = chunk.items[i]
+        channel = chan.channel
+        if not channel.is_open:  # closing: its close callback answers what it has
+            why = "publish failed: the channel is closing"
+            self._answer(
+                chunk, i, Outcome(item.seq, Fate.NOT_SENT, why, while_blocked=self.blocked)
             )
-        except _ENCODING_ERRORS as exc:
-            reason = f"cannot encode message: {exc!r}"
-            self._settle(batch, i, Outcome(item.ref, Fate.NOT_SENT, reason, malformed=True))
             return
-        except Exception as exc:
-            reason = f"publish failed: {exc!r}"
-            outcome = Outcome(item.ref, Fate.NOT_SENT, reason, while_blocked=self.blocked)
-            self._settle(batch, i, outcome)
-            return
+        # The message's own frames (relay/amqp/frames.py), written as pika writes its own: no
+        # instrumentation of basic_publish is on the path (untraced.py).
+        self._conn.send_frames(
+            frames.frame(channel.channel_number, item.method, item.header, item.body,
+                         self._frame_max)
+        )  # fmt: skip
         chan.next_tag += 1
-        chan.unconfirmed[chan.next_tag] = (batch, i)
+        chan.unconfirmed[chan.next_tag] = (chunk, i)
 
     def _on_return(self, _ch: Any, method: Any, properties: Any, _body: bytes) -> None:
         # basic.return arrives before the basic.ack of the same message.
@@ -405,27 +452,27 @@ class Publisher:
             entry = chan.unconfirmed.pop(t, None)
             if entry is None:
                 continue
-            batch, i = entry
-            item = batch.items[i]
+            chunk, i = entry
+            item = chunk.items[i]
             returned = self._returned.pop(item.message_id, None)
             if returned is not None:
-                outcome = Outcome(item.ref, Fate.UNROUTABLE, returned)
+                outcome = Outcome(item.seq, Fate.UNROUTABLE, returned)
             elif ack:
-                outcome = Outcome(item.ref, Fate.CONFIRMED)
+                outcome = Outcome(item.seq, Fate.CONFIRMED)
             else:
-                outcome = Outcome(item.ref, Fate.REJECTED, "basic.nack from broker")
-            self._settle(batch, i, outcome)
+                outcome = Outcome(item.seq, Fate.REJECTED, "basic.nack from broker")
+            self._answer(chunk, i, outcome)
 
-    def _settle(self, batch: Batch, i: int, outcome: Outcome) -> None:
-        if batch.outcomes[i] is not None:
+    def _answer(self, chunk: Chunk, i: int, outcome: Outcome) -> None:
+        if chunk.outcomes[i] is not None:
             return
-        batch.outcomes[i] = outcome
-        batch.remaining -= 1
-        if batch.chain is not None:
-            self._chains.settled(batch, i, outcome)
+        chunk.outcomes[i] = outcome
+        chunk.remaining -= 1
+        if chunk.chain is not None:
+            self._chains.answered(chunk, i, outcome)
             return
-        if batch.remaining == 0:
-            answer(batch)
+        if chunk.remaining == 0:
+            report(chunk)
 
     # ----------------------------------------------------------------- failures
 
@@ -436,11 +483,11 @@ class Publisher:
         unconfirmed, chan.unconfirmed = chan.unconfirmed, {}
         queued, chan.queued = chan.queued, []
         for entries, fate in ((unconfirmed.values(), sent_fate), (queued, queued_fate)):
-            for batch, i in entries:
-                item = batch.items[i]
+            for chunk, i in entries:
+                item = chunk.items[i]
                 self._returned.pop(item.message_id, None)
-                outcome = Outcome(item.ref, fate, why, while_blocked=blocked, connection_lost=lost)
-                self._settle(batch, i, outcome)
+                outcome = Outcome(item.seq, fate, why, while_blocked=blocked, connection_lost=lost)
+                self._answer(chunk, i, outcome)
 
     def _fail_everything(self, why: str) -> None:
         chans = list(self._chans.values())
@@ -455,7 +502,7 @@ class Publisher:
             oldest = next(iter(chan.unconfirmed.values()), None)
             if oldest is None or now - oldest[0].sent_at <= self._confirm_timeout:
                 continue
-            # Settle the channel's messages now (a blocked broker would not even answer a
+            # Answer the channel's messages now (a blocked broker would not even answer a
             # channel.close) and publish further messages on a fresh channel; the relay
             # republishes these with the same message ids. Late confirms land on the old
             # channel object and are ignored.
@@ -477,7 +524,11 @@ class Publisher:
         if self._conn is not None and not self._conn.is_closed:
             try:
                 self._conn.close()
-                return  # _on_connection_closed stops the loop
-            except Exception:  # noqa: S110 - fall through to stopping the loop
+                return  # stop() waits for _on_connection_closed
+            except Exception:  # noqa: S110 - the connection is dropped below
                 pass
-        self._ioloop.stop()
+        self._conn = None
+
+
+def _nothing() -> None:
+    """A timer or callback whose only effect is to end a wait."""

@@ -6,25 +6,24 @@ opentelemetry-instrumentation-pika, which `opentelemetry-instrument` and the Ope
 Operator load, wraps each new channel's `basic_publish` and injects the context of a new root
 span over it, so the consumer would land in another trace. So the relay:
 
-- calls pika's own `Channel.basic_publish` as a plain function, taken at import from under any
-  wrapper already installed (wrapt and functools wrappers keep it as `__wrapped__`): a wrapper
-  set on a channel object, or on the class later, is not on the path;
-- runs its IO thread with OpenTelemetry's suppress-instrumentation flag set, which every
-  OpenTelemetry instrumentation checks before it records or injects anything, in case one hooks
-  in deeper than `basic_publish`.
+- never calls `Channel.basic_publish`: it writes each publish's frames itself
+  (relay/amqp/frames.py), so no wrapper of it, on a channel object or on the class, is on the
+  path;
+- does its pika work (`untraced()`: publishing, and the IO that reads confirms) with
+  OpenTelemetry's suppress-instrumentation flag set, which every OpenTelemetry instrumentation
+  checks before it records or injects anything, in case one hooks in deeper than
+  `basic_publish`. Only there: the relay's database calls on the same thread stay traceable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-import inspect
-from collections.abc import Callable
+from collections.abc import Iterator
 
 from opentelemetry import context
 from pika.channel import Channel
 from pika.connection import Connection
-
-basic_publish: Callable[..., None] = inspect.unwrap(Channel.basic_publish)
 
 # The API's key, and the plain string that older instrumentations read (opentelemetry-
 # instrumentation's suppress_instrumentation() sets both).
@@ -41,6 +40,16 @@ def suppress_instrumentation() -> contextvars.Token[context.Context]:
     for key in _SUPPRESS_KEYS:
         ctx = context.set_value(key, True, ctx)
     return context.attach(ctx)
+
+
+@contextlib.contextmanager
+def untraced() -> Iterator[None]:
+    """No instrumentation records or injects anything inside."""
+    token = suppress_instrumentation()
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def wrapped_pika() -> list[str]:

@@ -3,7 +3,7 @@
 A stored row may hold anything (a hand-edited row, a bug, another writer): every field is
 checked here, per row and completely, before anything is sent. What fails raises MalformedRow
 naming the field, and the loop dead-letters that row alone. Anything that got past this check
-and failed later would fail worse: an encoding error in pika's IO thread, or a frame RabbitMQ
+and failed later would fail worse: an encoding error inside pika's IO, or a frame RabbitMQ
 answers by closing the connection, which republishes every message then in flight.
 """
 
@@ -15,9 +15,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from outbox.amqp_codec import Properties
 from outbox.encoding import RESERVED_HEADERS, RESERVED_PREFIX, UnreadableJson
 from outbox.signing import Signer
+from relay.amqp import frames
 from relay.ports import Claimed, MalformedRow, Outgoing
 
 PERSISTENT = 2
@@ -26,13 +26,6 @@ SHORTSTR_MAX = 255  # bytes of an AMQP short string
 # RabbitMQ's default frame_max (128 KiB); the publisher passes the value its connection
 # negotiated.
 DEFAULT_FRAME_MAX = 131072
-# A content header frame: 7 bytes of frame header and 1 of frame end around class id (2),
-# weight (2), body size (8) and the property flags (2); then the properties. Besides content
-# type, content encoding and headers (measured), the relay sends delivery mode (1), message id
-# (1 + 36) and timestamp (8).
-_HEADER_FRAME_FIXED = 7 + 1 + 12 + 2 + 1 + 37 + 8
-_TABLE_LENGTH = 4
-_INT32 = range(-(2**31), 2**31)
 _INT64 = range(-(2**63), 2**63)
 _TIMESTAMP = range(0, 2**64)  # an unsigned 64-bit number on the wire
 # W3C trace context (https://www.w3.org/TR/trace-context/): version 00's exact shape, and a
@@ -68,11 +61,9 @@ def to_outgoing(
         if not isinstance(body, bytearray | memoryview):
             raise MalformedRow(f"payload is stored as {type(body).__name__}, not bytes")
         body = bytes(body)
-    headers, size = _stored_headers(row.headers)
+    headers = _stored_headers(row.headers)
     if row.key is not None:
-        key = _text("key", row.key)
-        headers[KEY_HEADER] = key
-        size += 1 + len(KEY_HEADER) + _str_size(key)
+        headers[KEY_HEADER] = _text("key", row.key)
     if traceparent:
         # The relay's send span; the tracestate it carries on may still be the stored one.
         parent: str | None = traceparent
@@ -81,35 +72,41 @@ def to_outgoing(
         parent, state = _stored_trace(row)
     if parent:
         headers["traceparent"] = parent
-        size += 1 + len("traceparent") + 5 + len(parent)
         if state:
             headers["tracestate"] = state
-            size += 1 + len("tracestate") + 5 + len(state)
     message_id = str(row.id)
     if signer is not None:
         # Over the exact body bytes below; a stored header of the same name is replaced.
-        for name, value in signer.headers(message_id, body).items():
-            headers[name] = value
-            size += 1 + len(name) + 5 + len(value)
+        headers.update(signer.headers(message_id, body))
     created = int(row.created_at.timestamp())
     if created not in _TIMESTAMP:
         raise MalformedRow(f"created_at {row.created_at} is before 1970")
-    frame = _HEADER_FRAME_FIXED + _str_size(content_type) - 4 + (size if headers else 0)
-    frame += _str_size(encoding) - 4
-    if frame > frame_max:
-        raise MalformedRow(
-            f"headers: the properties encode to a {frame}-byte frame, over the broker's "
-            f"frame_max of {frame_max} bytes"
-        )
-    props = Properties(  # float headers as AMQP doubles (outbox/amqp_codec.py)
+    props = frames.properties(  # float headers as AMQP doubles (outbox/amqp_codec.py)
         content_type=content_type,
         content_encoding=encoding,
+        headers=headers,
         delivery_mode=PERSISTENT,
         message_id=message_id,
         timestamp=created,
-        headers=headers or None,
     )
-    return Outgoing(row.seq, message_id, exchange, routing_key, body, props)
+    size = frames.header_frame_size(props)
+    if size > frame_max:
+        raise MalformedRow(
+            f"headers: the properties encode to a {size}-byte frame, over the broker's "
+            f"frame_max of {frame_max} bytes"
+        )
+    method = frames.publish_method(exchange, routing_key)
+    return Outgoing(
+        row.seq, message_id, exchange, routing_key, body, method, frames.header(len(body), props)
+    )
+
+
+def with_properties(ref: int, exchange: str, routing_key: str, body: bytes, props: Any) -> Outgoing:
+    """A message whose properties pika encodes (`pika.BasicProperties`, with a message_id): for
+    tests and benchmarks that publish what the relay did not build."""
+    header = frames.header(len(body), b"".join(props.encode()))
+    method = frames.publish_method(exchange, routing_key)
+    return Outgoing(ref, props.message_id, exchange, routing_key, body, method, header)
 
 
 @functools.lru_cache(maxsize=256)  # a deployment sends a handful of content types
@@ -158,12 +155,10 @@ def _str_size(value: str) -> int:
     return 5 + (len(value) if value.isascii() else len(value.encode("utf-8")))
 
 
-def _stored_headers(stored: object) -> tuple[dict[str, Any], int]:
-    """The caller's headers, checked, without reserved names (those are the relay's alone), and
-    the size of their encoded table."""
-    size = _TABLE_LENGTH
+def _stored_headers(stored: object) -> dict[str, Any]:
+    """The caller's headers, checked, without reserved names (those are the relay's alone)."""
     if stored is None:
-        return {}, size
+        return {}
     if isinstance(stored, UnreadableJson):  # the store's decoder could not read it
         raise MalformedRow(f"headers are {stored.reason}")
     if not isinstance(stored, Mapping):
@@ -175,26 +170,21 @@ def _stored_headers(stored: object) -> tuple[dict[str, Any], int]:
         lowered = name.lower()
         if lowered in RESERVED_HEADERS or lowered.startswith(RESERVED_PREFIX):
             continue  # the relay sets its own, or none: a stored copy is never sent
-        name_bytes = _str_size(_text(f"header name {name[:40]!r}", name)) - 4
-        if name_bytes - 1 > SHORTSTR_MAX:
+        if _str_size(_text(f"header name {name[:40]!r}", name)) - 5 > SHORTSTR_MAX:
             raise MalformedRow(f"header name {name[:40]!r}... is over AMQP's limit of 255 bytes")
         kind = type(value)
         if kind is str:
-            size += name_bytes + _str_size(_text(f"header {name!r}", value))
-        elif kind is bool:
-            size += name_bytes + 2
+            _text(f"header {name!r}", value)
         elif kind is int:
             if value not in _INT64:
                 raise MalformedRow(f"header {name!r}: {value} does not fit in 64 bits")
-            size += name_bytes + (5 if value in _INT32 else 9)
         elif kind is float:
             if not math.isfinite(value):
                 raise MalformedRow(f"header {name!r}: {value} is not a finite number")
-            size += name_bytes + 9
-        else:
+        elif kind is not bool:
             raise MalformedRow(f"header {name!r} has a {_describe(value)} value")
         headers[name] = value
-    return headers, size
+    return headers
 
 
 def _stored_trace(row: Claimed) -> tuple[str | None, str | None]:

@@ -28,7 +28,13 @@ from relay.cli import (
     sql,
     topology,
 )
-from relay.cli.options import Handler, accept_global_options_after, add_global_options, configure
+from relay.cli.options import (
+    Handler,
+    accept_global_options_after,
+    add_global_options,
+    configure,
+    replaced_options,
+)
 from relay.core.urls import secrets_of
 from relay.errors import (
     BrokerUnavailable,
@@ -119,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"outbox-relay: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     logs.setup(config.log_level)
+    for why in replaced_options(args, os.environ):
+        log.warning("config.replaced", extra={"why": why})
     secrets = secrets_of(config.db_url, config.amqp_url)
 
     def fail(code: int, message: str) -> int:

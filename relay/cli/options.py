@@ -12,7 +12,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from relay.runtime.config import RelayConfig
 from relay.runtime.readers import OneOf
-from relay.runtime.settings import SETTINGS, Setting, resolve, settings_for
+from relay.runtime.settings import SETTINGS, Setting, replaced, resolve, settings_for
 
 T = TypeVar("T")
 # The subcommands' action; Any: main's parser class is a subclass, and the action is invariant.
@@ -108,3 +108,8 @@ def given(args: argparse.Namespace) -> dict[str, Any]:
 def configure(args: argparse.Namespace, environ: Mapping[str, str]) -> RelayConfig:
     """The configuration for the parsed command line: flags, then `environ`, then defaults."""
     return resolve(args.command, given(args), environ)
+
+
+def replaced_options(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """What to say of each old option given: what replaced it."""
+    return replaced(args.command, given(args), environ)

@@ -30,7 +30,7 @@ def take(
     return Bucket(available - granted, now), granted
 
 
-def give_back(b: Bucket, n: int, *, burst: float) -> Bucket:
+def refund(b: Bucket, n: int, *, burst: float) -> Bucket:
     """Return tokens drawn but not used (fewer messages were waiting than were granted)."""
     if n <= 0 or b.tokens is None:
         return b

@@ -19,14 +19,14 @@ class Fate(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    ref: int  # the caller's handle for the message (the row's seq)
+    seq: int  # the row's seq: which message this is the outcome of
     fate: Fate
     detail: str = ""
     while_blocked: bool = False  # the connection was blocked by a resource alarm at the time
     malformed: bool = False  # the row could not be turned into a message
     connection_lost: bool = False  # the whole connection failed, not this message's destination
     # Never sent because the message before it in its chain (its key's run) was not confirmed:
-    # given back unsent, behind that one, rather than settled as a failure of its own.
+    # released unsent, behind that one, rather than settled as a failure of its own.
     held_back: bool = False
 
 

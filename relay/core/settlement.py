@@ -80,7 +80,7 @@ def triage(
     circuits: dict[str, list[str | None]] = {}
     confirmed: list[Row] = []
     for outcome in outcomes:
-        row = rows.get(outcome.ref)
+        row = rows.get(outcome.seq)
         if row is None:
             continue
         failure = classify(outcome)
@@ -97,7 +97,7 @@ def triage(
     return Triage(published, failed, circuits, confirmed)
 
 
-def settle(
+def decisions(
     triaged: Triage,
     burns: Mapping[str, Sequence[bool]],
     *,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# The smallest window: one chain's piece (relay/loop/chains.py PIECE) must always fit in it, or a
+# The smallest window: one chain's chunk (relay/loop/chains.py CHUNK) must always fit in it, or a
 # hot key would wait for room that never comes.
 FLOOR = 64
 START = 256  # the first window: a drain starts at a fair speed and grows from there

@@ -206,13 +206,13 @@ class ResourceGuard:
         self._tokens_due[part] = self._clock() + (wait if granted < want else 0.0)
         return granted
 
-    def give_back(self, part: str, n: int) -> None:
+    def refund(self, part: str, n: int) -> None:
         if n <= 0:
             return
         burst = max(1.0, self._rates[part])
 
         def change(row: ResourceRow, _now: dt.datetime) -> tuple[ResourceRow, None]:
-            return ResourceRow(row.circuit, bucket.give_back(row.bucket, n, burst=burst)), None
+            return ResourceRow(row.circuit, bucket.refund(row.bucket, n, burst=burst)), None
 
         self._store.change_resource(self.naming.name(part), change)
         # Fewer messages were waiting than the tokens allowed: drawing again at once would only

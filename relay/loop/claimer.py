@@ -3,11 +3,12 @@ claims.
 
 Each claim is the main claim (every resource but those with an open circuit or a rate limit),
 then one probe per circuit whose cooldown is over and each rate-limited resource's share of
-tokens. Claimed rows go to the publisher in chunks while fewer than the window's size (at most
-`max_unconfirmed`, relay/core/window.py) are sent and not yet marked (`pump`), and the next
-batch is claimed while one is still being sent: the broker always has work, and few messages
-are sent and unmarked at any moment, so a relay killed mid-drain leaves little for the next one
-to send again.
+tokens. One limit bounds it all: the relay holds at most `max_in_flight` rows (claimed and not
+settled); each claim takes what room that leaves (`claim_max` rows a statement at most). Claimed
+rows go to the publisher in chunks while fewer than the window's size (below `max_in_flight`,
+relay/core/window.py) are sent and not yet settled (`pump`), and the next claim is made while
+one is still being sent: the broker always has work, and few messages are sent and unsettled at
+any moment, so a relay killed mid-drain leaves little for the next one to send again.
 
 A claim's hot keys come as chains, handed over whole and extended before they end
 (`extend_runs`): relay/loop/chains.py. Suspects (rows whose relay died holding them) are
@@ -30,7 +31,7 @@ from relay.core.window import Window
 from relay.loop import chains, suspects
 from relay.loop.circuits import ResourceGuard
 from relay.loop.counts import Counts
-from relay.loop.leases import Chunk, Finished, Lease, Leases
+from relay.loop.leases import Answer, Chunk, Lease, Leases
 from relay.loop.observer import Observer
 from relay.loop.settings import LoopSettings
 from relay.ports import Claimed, MalformedRow, Outgoing, Publisher, Store
@@ -59,7 +60,7 @@ class Claimer:
         guard: ResourceGuard,
         observer: Observer,
         leases: Leases,
-        finished: Callable[[Finished], None],  # takes outcomes, from the publisher's thread
+        answered: Callable[[Answer], None],  # takes a chunk's answer (in Publisher.wait)
         clock: Callable[[], float],
         fresh: Callable[[float], bool] = _always_fresh,  # the heartbeat allows claims
     ) -> None:
@@ -69,17 +70,16 @@ class Claimer:
         self._guard = guard
         self._observer = observer
         self._leases = leases
-        self._finished = finished
+        self._answered = answered
         self._clock = clock
         self._fresh = fresh
         self._next_claim = 0.0
         self._empty = 0  # consecutive claims that found nothing
         self._db_backoff = Backoff(first=0.1, cap=DB_BACKOFF_MAX, floor=0.05)
         self._chunks = itertools.count(1)
-        # Sent and not yet written, at most: sized to the broker's confirm round, under
-        # max_unconfirmed (relay/core/window.py).
-        self.window = Window(config.max_unconfirmed)
-        self._piece = max(1, min(chains.PIECE, config.max_unconfirmed))  # what a chain takes
+        # Sent and not yet settled, at most: sized to the broker's confirm round, under
+        # max_in_flight (relay/core/window.py).
+        self.window = Window(config.max_in_flight)
 
     # ----------------------------------------------------------------- pacing
 
@@ -110,11 +110,11 @@ class Claimer:
             publisher.blocked
             or suspects.quarantined(leases)  # a settlement (an inbox event) moves it on
             or leases.in_flight >= config.max_in_flight
-            or leases.unsent >= config.batch_size  # the window is full: an answer frees it
+            or leases.unsent >= config.claim_max  # the window is full: an answer frees it
             or not self._fresh(now)  # the heartbeat wakes the loop when it is fresh again
         ):
             # Nothing to claim until an answer comes, the broker unblocks or the heartbeat is
-            # fresh. Returning `now` here would spin and starve the publisher thread of the GIL.
+            # fresh (each of those ends the wait early). Returning `now` here would spin.
             return now + config.poll_interval
         until = max(self._next_claim, now)
         tokens_due = self._guard.next_token_due()
@@ -136,10 +136,10 @@ class Claimer:
         if suspects.quarantined(leases):
             self.pump(now)  # they go once what was in flight beside them has settled
             return
-        if leases.unsent >= config.batch_size:
-            return  # a batch waits for the window already: claim the next as it goes out
+        if leases.unsent >= config.claim_max:
+            return  # a claim waits for the window already: claim the next as it goes out
         room = config.max_in_flight - leases.in_flight
-        limit = min(config.batch_size, room)
+        limit = min(config.claim_max, room)
         if limit <= 0:
             return
         guard = self._guard
@@ -153,8 +153,7 @@ class Claimer:
         if claimed:
             # A full batch: claim again at once. Less: it took all there was, and the next look
             # comes after the shortest wait, the looks after it twice as long each time. A look
-            # at once finds nothing, and its work holds the GIL just as the publisher's thread
-            # wakes to send what this claim handed it.
+            # at once would find nothing, and cost a query while the confirms come in.
             self._empty = 0 if claimed == limit else 1
             if claimed < limit:
                 self._next_claim = now + config.min_poll_interval
@@ -213,13 +212,13 @@ class Claimer:
                     guard.probe_found_nothing(part)
                 claimed += got
         for part in guard.rate_parts_due():
-            want = min(self._config.batch_size, room - claimed)
+            want = min(self._config.claim_max, room - claimed)
             if want <= 0 or suspects.quarantined(leases):
                 break
             granted = guard.take_tokens(part, want)
             if granted:
                 got = self._claim(counts, granted, now, only=part)
-                guard.give_back(part, granted - got)
+                guard.refund(part, granted - got)
                 claimed += got
         return claimed
 
@@ -277,8 +276,8 @@ class Claimer:
         (relay/core/window.py) are sent and not yet written. Suspects go only once nothing else
         is in flight.
 
-        Chains go first, each taking one piece, and are held to `max_unconfirmed` only, not to
-        the window: a chain's piece takes one broker confirm per message, so its round is long
+        Chains go first, each taking one chunk, and are held to the window's ceiling only, not
+        to its size: a chain's chunk takes one broker confirm per message, so its round is long
         by design, not because the broker queues; held to a window sized by rounds, many keys'
         chains would shrink it, and so their own number in flight, to its floor."""
         publisher, leases, window = self._publisher, self._leases, self.window
@@ -289,8 +288,8 @@ class Claimer:
             left = chains.hand_over(
                 leases.values(),
                 window.ceiling - sending,
-                self._piece,
-                lambda lease, piece, key: self._publish(lease, piece, now, chain=key),
+                max(1, min(chains.CHUNK, window.ceiling)),  # what a chain takes
+                lambda lease, chunk, key: self._publish(lease, chunk, now, chain=key),
             )
             sending = window.ceiling - left
         room = window.size - sending  # each hand-over below takes its rows from it
@@ -326,7 +325,7 @@ class Claimer:
         self, lease: Lease, rows: list[Claimed], now: float, *, chain: str | None = None
     ) -> bool:
         """Hand `rows` over; False when a chain's row cannot be built (it is dead-lettered as
-        malformed, and the chain ends before it: the rest of the piece is held back)."""
+        malformed, and the chain ends before it: the rest of the chunk is held back)."""
         if lease.sent_at is None:
             lease.sent_at = now
         token, number = lease.token, next(self._chunks)
@@ -349,10 +348,10 @@ class Claimer:
                 broken.append(
                     Outcome(row.seq, Fate.NOT_SENT, f"malformed row: {exc}", malformed=True)
                 )
-        finished = self._finished
+        answered = self._answered
 
         def done(outcomes: list[Outcome]) -> None:
-            finished(Finished(token, outcomes + broken, number))
+            answered(Answer(token, outcomes + broken, number))
 
         if chain is not None and broken:
             broken, items = chains.cut(rows, items, broken)  # the rows after it are held back

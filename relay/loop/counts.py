@@ -13,7 +13,7 @@ class Counts:
     published: int = 0
     retried: int = 0  # failed attempts to be tried again: retries and deferrals
     dead: int = 0
-    released: int = 0  # given back unsent (shutdown)
+    released: int = 0  # released unsent (shutdown)
     reclaimed: int = 0  # expired leases, of any relay, returned to the ready set
     failures: dict[str, int] = field(default_factory=dict)  # failed attempts by failure class
     full_batch: bool = False  # the (last) pass's claim filled its batch: more is waiting

@@ -2,7 +2,7 @@
 broker's outcomes for those chunks.
 
 A row leaves its lease in one of two ways, each in one place: settled (relay/loop/settler.py,
-once its chunk's outcomes are written) or given back (`Lease.drop`). A chunk is answered once
+once its chunk's outcomes are written) or released (`Lease.drop`). A chunk is answered once
 (`Lease.answer`), by the publisher or by the loop giving up on it.
 """
 
@@ -23,9 +23,9 @@ class Chunk:
     """Rows of one lease handed to the publisher together, until the outcomes are written."""
 
     seqs: list[int]
-    sent_at: float  # clock time it was handed over (a chain's piece: its turn began)
+    sent_at: float  # clock time it was handed over (a chain's chunk: its turn began)
     answered: bool = False  # the publisher answered, or it was given up (Lease.answer)
-    chain: str | None = None  # a piece of this key's chain (relay/loop/chains.py)
+    chain: str | None = None  # a chunk of this key's chain (relay/loop/chains.py)
 
 
 @dataclass(slots=True)
@@ -44,16 +44,16 @@ class Lease:
     # Said by the claim, never changed.
     suspect: bool = False
     # Hot keys' runs (relay/loop/chains.py): the rows of each key's chain not handed over yet
-    # (a chain is handed over whole), and rows to give back unsent (a chain that broke).
+    # (a chain is handed over whole), and rows to release unsent (a chain that broke).
     chains: dict[str, deque[Claimed]] = field(default_factory=dict)
-    give_back: list[int] = field(default_factory=list)
+    to_release: list[int] = field(default_factory=list)
     # Chains that may go on (their run came full): key -> the chain's last seq so far.
     tails: dict[str, int] = field(default_factory=dict)
 
     @property
     def sending(self) -> int:
         """Rows handed over and not written yet that could be confirmed and unmarked now: each
-        chain counts its oldest piece only (its others wait for that one to be confirmed)."""
+        chain counts its oldest chunk only (its others wait for that one to be confirmed)."""
         counted: set[str] = set()
         total = 0
         for chunk in self.chunks.values():
@@ -66,7 +66,7 @@ class Lease:
 
     def answer(self, number: int) -> Chunk | None:
         """The chunk `number`, now answered (its outcomes to be written), or None when it was
-        answered already or is gone (given up as overdue, or given back): a second answer
+        answered already or is gone (given up as overdue, or released): a second answer
         changes nothing."""
         chunk = self.chunks.get(number)
         if chunk is None or chunk.answered:
@@ -75,11 +75,11 @@ class Lease:
         return chunk
 
     def drop(self, seqs: list[int]) -> list[Span]:
-        """Forget these rows, given back: from the rows, the ones waiting to be sent, the chains
+        """Forget these rows, released: from the rows, the ones waiting to be sent, the chains
         and the give-backs. Returns their send spans, to be ended."""
         gone = set(seqs)
         self.unsent = deque(row for row in self.unsent if row.seq not in gone)
-        self.give_back = [seq for seq in self.give_back if seq not in gone]
+        self.to_release = [seq for seq in self.to_release if seq not in gone]
         for key, rest in list(self.chains.items()):
             rest = self.chains[key] = deque(row for row in rest if row.seq not in gone)
             if not rest:
@@ -93,9 +93,9 @@ class Lease:
         return spans
 
     def unsent_seqs(self) -> list[int]:
-        """Every row held and never handed over: side by side, in chains, or to give back."""
+        """Every row held and never handed over: side by side, in chains, or to release."""
         chained = [row.seq for rest in self.chains.values() for row in rest]
-        return [row.seq for row in self.unsent] + chained + self.give_back
+        return [row.seq for row in self.unsent] + chained + self.to_release
 
 
 class Leases(dict[uuid.UUID, Lease]):
@@ -122,11 +122,11 @@ class Leases(dict[uuid.UUID, Lease]):
     @property
     def waiting(self) -> bool:
         """Whether any row is held and was never handed over (chains and give-backs too)."""
-        return any(lease.unsent or lease.chains or lease.give_back for lease in self.values())
+        return any(lease.unsent or lease.chains or lease.to_release for lease in self.values())
 
 
 @dataclass(frozen=True, slots=True)
-class Finished:
+class Answer:
     """The broker's outcomes for one chunk of a lease, to be written (how far the writing got
     is the settler's)."""
 
@@ -134,5 +134,5 @@ class Finished:
     outcomes: list[Outcome]
     chunk: int = 0
     # Whether writing it may let new rows be claimed (a key's next message, room in flight); not
-    # a piece of a chain that goes on, whose next messages this relay holds already.
+    # a chunk of a chain that goes on, whose next messages this relay holds already.
     frees: bool = True

@@ -12,7 +12,7 @@ reached the database, and that beat was sent after the clock time it started at.
 than half of `dead_after` has passed since the last beat that succeeded started, nothing this
 relay holds can have been taken: only then does it claim and hand rows to the publisher (`fresh`).
 A relay that was only slow (a pause, a stalled database) finds at its next beat that its row is
-gone: it gives back whatever it still holds (the loop, on `declared_dead`), then registers anew
+gone: it releases whatever it still holds (the loop, on `declared_dead`), then registers anew
 and goes on. Its lease-guarded writes would have changed nothing taken over anyway.
 
 A database outage that every relay sees would make each of them look dead to whichever beats

@@ -1,33 +1,43 @@
-"""The relay loop: claim ready rows, hand them to the publisher, settle what the broker confirmed.
+"""The relay loop: claim ready rows, hand them to the publisher, settle what the broker answered.
 
 `run_once()` does one non-blocking pass and says what it did; `run()` only loops and waits, and
 every wait ends early on a stop request. The work is its parts': the claimer (claims, probes, rate
-tokens, the publisher's window), the settler (writes outcomes) and the upkeep (leases,
-retention). The publisher reports outcomes from its own thread, through a queue that is also how
-`request_stop`, `wake` and the heartbeat (relay/loop/pulse.py, which `run()` starts) reach the
-loop.
+tokens, the window), the settler (writes answers) and the upkeep (leases, retention). The words
+are the glossary's (relay/__init__.py).
+
+Threads. One thread does the work: it claims, hands rows over, does the broker's IO
+(`Publisher.wait`, where the broker's answers arrive as calls to `done`) and settles them; nothing
+it holds is shared. While a statement keeps it waiting for PostgreSQL, it does the broker's IO
+too (`Store.while_waiting` -> `Publisher.wait_fd`, relay/store/overlap.py), so a hot key's chain
+goes on meanwhile. Two threads only signal it, through `_inbox` and `Publisher.interrupt()`: the
+heartbeat (relay/loop/pulse.py, which `run()` starts: "declared dead", "claim again") and, when
+LISTEN is on, the listener (`wake`); `request_stop` comes from a signal handler the same way.
 
 One message's path, in the order it happens:
 
 1. Claim. `Relay.run_once` -> `Claimer.claim` -> `Claimer._claim`: `Store.claim` leases ready
-   rows to a fresh token (suspects apart: relay/loop/suspects.py).
+   rows to a fresh token, as many as `max_in_flight` leaves room for (suspects apart:
+   relay/loop/suspects.py).
 2. Hold. `Claimer._hold`: the rows become a `Lease` (relay/loop/leases.py), those sent side by
    side waiting in `unsent`, each hot key's run as a chain (`chains.split`).
 3. Hand over. `Claimer.pump` -> `Claimer._publish`: while the window has room, a chunk of rows
-   (`Chunk`, in `Lease.chunks`) is encoded (`Publisher.encode`) and handed to
-   `Publisher.publish` with a `done` callback; chains go whole (`chains.hand_over`).
-4. Send and confirm, on the publisher's thread (relay/amqp/publisher.py): `Publisher._publish`
-   -> `_send` (basic.publish on the exchange's confirm channel) ... `_on_confirm` -> `_settle`;
-   once every message of the chunk is answered, `done(outcomes)` puts a `Finished` in the inbox.
-5. Answer. `Relay._settle` -> `Relay._handle`: `Lease.answer` takes the chunk's answer once,
-   `chains.answered` says what of it is to be written, and `Settler.add` queues it (a chunk the
-   publisher holds too long is answered by `_give_up_overdue` instead).
-6. Mark. `Settler.settle` (relay/loop/settler.py): decide (relay/core/settlement.py, past the
+   (`Chunk`, in `Lease.chunks`) is encoded (`Publisher.encode` -> relay/amqp/wire.py and
+   frames.py) and handed to `Publisher.publish` with a `done` callback; a chain goes whole
+   (`chains.hand_over`), its chunks one message at a time.
+4. Send (relay/amqp/publisher.py): `Publisher._publish` -> `_send` writes the message's frames on
+   its exchange's confirm channel, to the socket at once (relay/amqp/coalesce.py).
+5. Answer. Later, in `Publisher.wait`: `_on_confirm` -> `_answer` records each message's
+   `Outcome` (a chain's next message is sent from there, `confirms.Chains`); once the chunk is
+   answered, `done` adds its `Answer` to `Relay._answered`. `Relay._settle` -> `Relay._take`:
+   `Lease.answer` takes it once, `chains.answered` says what of it is to be written, and
+   `Settler.add` queues it (a chunk the publisher holds too long is answered by
+   `_give_up_overdue` instead).
+6. Settle. `Settler.settle` (relay/loop/settler.py): decide (relay/core/settlement.py, past the
    circuits), mark the confirmed rows (`Store.mark_published`, one statement per lease), write
    the failures (`Store.settle_failures`), and the rows leave their lease.
 
 Rows that never reach the publisher (the broker cannot take them, a stop, a chain that broke) are
-given back (`Relay._release` -> `Store.release`, `Lease.drop`).
+released (`Relay._release` -> `Store.release`, `Lease.drop`).
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ from relay.loop import chains, suspects
 from relay.loop.circuits import ResourceGuard
 from relay.loop.claimer import Claimer
 from relay.loop.counts import Counts
-from relay.loop.leases import Finished, Lease, Leases
+from relay.loop.leases import Answer, Lease, Leases
 from relay.loop.maintenance import Maintenance
 from relay.loop.observer import Observer
 from relay.loop.pulse import Pulse
@@ -57,11 +67,12 @@ from relay.ports import Publisher, RetentionFailed, Store
 
 log = logging.getLogger("relay")
 
+# What other threads tell the loop (`_inbox`).
 _STOP = object()
 _WAKE = object()
 _DECLARED_DEAD = object()  # another relay found this one's heartbeat stopped
-# Why a row held with nothing to settle it was given back (Relay._release_orphans).
-ORPHANED = "held by the relay with nothing to settle it (a relay bug): given back"
+# Why a row held with nothing to settle it was released (Relay._release_orphans).
+ORPHANED = "held by the relay with nothing to settle it (a relay bug): released"
 
 
 def utc_now() -> dt.datetime:
@@ -87,14 +98,15 @@ class Relay:
         self.guard = guard
         self.observer = observer
         self._clock = clock
-        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()  # from other threads
+        self._answered: list[Answer] = []  # the publisher's answers, in `Publisher.wait`
         self._leases = Leases()
         self._stopping = False
         self.pulse = Pulse(
             store,
             config,
             clock=clock,
-            declared_dead=lambda: self._inbox.put(_DECLARED_DEAD),
+            declared_dead=lambda: self._signal(_DECLARED_DEAD),
             wake=self.wake,
         )
         self.claimer = Claimer(
@@ -104,7 +116,7 @@ class Relay:
             guard=guard,
             observer=observer,
             leases=self._leases,
-            finished=self._inbox.put,
+            answered=self._answered.append,
             clock=clock,
             fresh=self.pulse.fresh,
         )
@@ -119,25 +131,26 @@ class Relay:
         )
         self.maintenance = Maintenance(store, config, leases=self._leases, wall=wall)
         self.summary = Counts()  # the sum of every pass so far
-        # When the loop last turned able to publish (for /healthz): a loop whose publisher's IO
-        # thread died turns on, but nothing it claims could ever settle, so it is not alive.
+        # When the loop last turned (for /healthz): one stuck in a call goes stale.
         self.heartbeat = clock()
         self._crashed = False  # run() is ending on an exception: release_all abandons
 
     # ----------------------------------------------------------------- control
 
     def request_stop(self) -> None:
-        """Ask the loop to drain and stop. Safe from a signal handler (SimpleQueue.put is)."""
-        self._inbox.put(_STOP)
+        """Ask the loop to drain and stop. Safe from any thread and a signal handler."""
+        self._signal(_STOP)
 
     def wake(self) -> None:
-        """A message was committed: claim now instead of at the next poll."""
-        self._inbox.put(_WAKE)
+        """A message was committed: claim now instead of at the next poll. From any thread."""
+        self._signal(_WAKE)
+
+    def _signal(self, event: object) -> None:
+        self._inbox.put(event)
+        self.publisher.interrupt()  # the loop may be waiting for the broker's IO
 
     def problem(self) -> str | None:
         """Why this relay cannot do its work, or None (for /healthz)."""
-        if not self.publisher.alive:
-            return "the publisher's IO thread has stopped"
         return self.pulse.problem(self._clock())
 
     @property
@@ -154,7 +167,7 @@ class Relay:
         now = self._clock()
         self._settle(counts)
         self.claimer.written(counts.published + counts.retried + counts.dead, now)
-        self._give_back_held(counts)
+        self._release_held_back(counts)
         publisher = self.publisher
         if self._leases.waiting and (not publisher.ready or publisher.blocked):
             # The broker cannot take them for now (no connection, or an alarm that may last):
@@ -192,12 +205,14 @@ class Relay:
         return counts
 
     def _settle(self, counts: Counts) -> None:
-        """Take what reached the inbox, then write every answered chunk."""
-        while True:
-            try:
-                self._handle(self._inbox.get_nowait())
-            except queue.Empty:
-                break
+        """Take what the broker and the other threads said, then write every answered chunk."""
+        if not self._crashed:  # after a crash, no more IO: the publisher may be why
+            self.publisher.wait(0)  # the broker's answers that have arrived, without waiting
+        self._take_signals()
+        answered = self._answered[:]  # the claimer appends to this very list
+        self._answered.clear()
+        for answer in answered:
+            self._take(answer)
         try:
             if self.settler.settle(counts):
                 # Settling can make new rows claimable (the next message of each key whose
@@ -206,28 +221,37 @@ class Relay:
         except DatabaseUnavailable as exc:
             self._db_failed("settle", exc)
 
+    def _take(self, answer: Answer) -> None:
+        lease = self._leases.get(answer.token)
+        chunk = None if lease is None else lease.answer(answer.chunk)
+        if lease is not None and chunk is not None:
+            self.settler.add(chains.answered(lease, chunk, answer, self._clock()))
+        # else: given up as overdue, or released, before the publisher answered: the answer
+        # changes nothing.
+
+    def _take_signals(self) -> None:
+        while True:
+            try:
+                event = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(event)
+
     def _handle(self, event: object) -> None:
-        if isinstance(event, Finished):
-            lease = self._leases.get(event.token)
-            chunk = None if lease is None else lease.answer(event.chunk)
-            if lease is not None and chunk is not None:
-                self.settler.add(chains.answered(lease, chunk, event, self._clock()))
-            # else: given up as overdue, or given back, before the publisher answered: the
-            # answer changes nothing.
-        elif event is _STOP:
+        if event is _STOP:
             if not self._stopping:
                 log.info("relay.stopping", extra={"in_flight": self.in_flight})
             self._stopping = True
         elif event is _WAKE:
             self.claimer.claim_soon()
         elif event is _DECLARED_DEAD:
-            self._give_back_all()
+            self._release_everything()
 
     def _give_up_overdue(self, now: float) -> None:
         """Settle as unconfirmed every chunk the publisher has held past max_batch_life.
 
-        A chunk is normally answered within the confirm timeout; one that is not (an IO thread
-        that died, a message queued on a channel that never opened) would otherwise keep its
+        A chunk is normally answered within the confirm timeout; one that is not (a bug that
+        lost its answer, a message queued on a channel that never opened) would otherwise keep its
         rows leased for ever, its lease extended at every upkeep. Not the messages' fault, so
         no attempt is charged; the publisher's late answer, if any, is ignored."""
         life = self.config.max_batch_life
@@ -241,12 +265,12 @@ class Relay:
                     if seq in lease.rows
                 ]
                 log.error("relay.batch_overdue", extra={"messages": len(outcomes), "error": why})
-                finished = Finished(lease.token, outcomes, number)
-                self.settler.add(chains.answered(lease, chunk, finished, now))
+                answer = Answer(lease.token, outcomes, number)
+                self.settler.add(chains.answered(lease, chunk, answer, now))
 
     def _release_orphans(self) -> int:
         """Give back rows a lease holds that nothing would ever settle: not waiting to be sent,
-        not in a chunk the publisher has or is being written, not to be given back. Only a bug
+        not in a chunk the publisher has or is being written, not to be released. Only a bug
         makes one, but it would hold its lease, extended at every upkeep, and its key behind it
         for ever; so it is said loudly, and the row goes back (published again at worst, never
         lost)."""
@@ -262,9 +286,9 @@ class Relay:
                 released += self._release(lease, orphans, ORPHANED)
         return released
 
-    def _give_back_all(self) -> None:
+    def _release_everything(self) -> None:
         """Another relay found this one's heartbeat stopped and took its leases (every one it
-        could). Stop using them all: give back what is still ours to give (the lease token
+        could). Stop using them all: release what is still ours to give (the lease token
         guards the rest), forget them whatever the database says, then rejoin."""
         why = (
             f"relay {self.config.relay_id} was declared dead: its heartbeat stopped for "
@@ -287,13 +311,14 @@ class Relay:
         log.info("relay.started", extra={"relay_id": self.config.relay_id})
         self.pulse.start()
         try:
-            while not self._stopping:
-                if self.publisher.alive:
+            # While a statement runs, this thread reads the broker's answers and sends chains on.
+            with self.store.while_waiting(self.publisher.wait_fd):
+                while not self._stopping:
                     self.heartbeat = self._clock()
-                if self.run_once().full_batch:
-                    continue  # backlog: claim the next batch at once
-                self._wait(self._wait_time())
-            self._drain()
+                    if self.run_once().full_batch:
+                        continue  # backlog: claim the next batch at once
+                    self._wait(self._wait_time())
+                self._drain()
         except Exception:
             self._crashed = True  # one of the rows in flight may be why (release_all)
             raise
@@ -320,12 +345,14 @@ class Relay:
         return max(0.0, min(until - now, self.config.poll_interval))
 
     def _wait(self, timeout: float) -> None:
-        """Wait up to `timeout` for the inbox: an outcome, a wake-up or a stop ends it."""
-        try:
-            event = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        self._handle(event)
+        """Do the broker's IO for up to `timeout`: a chunk's answer, a wake-up or a stop ends
+        it. Other IO (a confirm of part of a chunk, a chain's next send) needs no turn."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.publisher.wait(max(0.0, deadline - time.monotonic()))
+            if self._answered or not self._inbox.empty() or time.monotonic() >= deadline:
+                break
+        self._take_signals()
 
     def _drain(self) -> None:
         """Give back what was never sent, wait for the confirms of what was (bounded), settle
@@ -353,12 +380,12 @@ class Relay:
                 released += self._release(lease, seqs, why)
         return released
 
-    def _give_back_held(self, counts: Counts) -> None:
+    def _release_held_back(self, counts: Counts) -> None:
         """Release the rest of every chain that broke: unsent, behind the message that failed
         (no attempt charged). Kept for the next pass if the database fails."""
         for lease in list(self._leases.values()):
-            if lease.give_back:
-                counts.released += self._release(lease, list(lease.give_back), HELD_BACK)
+            if lease.to_release:
+                counts.released += self._release(lease, list(lease.to_release), HELD_BACK)
 
     def _release(self, lease: Lease, seqs: list[int], why: str) -> int:
         """Give back these unsent rows of `lease`, and forget them; 0 if the database fails."""
@@ -376,7 +403,7 @@ class Relay:
     def release_all(self, why: str, *, forget: bool = False) -> int:
         """Give back every row this relay still holds (shutdown): others may take them at once.
 
-        Rows given back unsent cost no attempt. After a crash, the leases whose rows were sent
+        Rows released unsent cost no attempt. After a crash, the leases whose rows were sent
         are given up as their running out would (suspects.abandon). With `forget`, a lease the
         database could not take back is forgotten all the same (it expires, or was taken over
         already)."""

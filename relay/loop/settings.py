@@ -21,11 +21,9 @@ class LoopSettings(Protocol):
     @property
     def amqp_url(self) -> str: ...  # names this broker's resources (relay/core/resources.py)
     @property
-    def batch_size(self) -> int: ...
+    def max_in_flight(self) -> int: ...  # the one limit: rows held, claimed and not settled
     @property
-    def max_in_flight(self) -> int: ...
-    @property
-    def max_unconfirmed(self) -> int: ...  # messages sent, their outcomes not yet written
+    def claim_max(self) -> int: ...  # rows one claim statement takes at most
     @property
     def poll_interval(self) -> float: ...
     @property

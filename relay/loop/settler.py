@@ -19,10 +19,10 @@ from typing import Any
 
 from relay.core.failures import FailureClass
 from relay.core.policy import Dead, Retry
-from relay.core.settlement import Settlement, Triage, settle, triage
+from relay.core.settlement import Settlement, Triage, decisions, triage
 from relay.loop.circuits import ResourceGuard
 from relay.loop.counts import Counts
-from relay.loop.leases import Finished, Leases
+from relay.loop.leases import Answer, Leases
 from relay.loop.observer import Observer
 from relay.loop.settings import LoopSettings
 from relay.ports import Store
@@ -35,7 +35,7 @@ class _Writing:
     """A chunk's outcomes being written, and how far that got: each step is done once, so a
     database failure half way through takes up where it stopped at the next pass."""
 
-    finished: Finished
+    answer: Answer
     # Decided once (the circuits have counted these outcomes), kept if the database fails.
     settlement: Settlement | None = None
     # What the circuits answered so far, per resource part: a part already counted is not
@@ -78,12 +78,12 @@ class Settler:
         # grace for unroutable messages counts from the first (relay/core/policy.py).
         self._unroutable: dict[tuple[str, str], tuple[dt.datetime, dt.datetime]] = {}
 
-    def add(self, finished: Finished) -> None:
-        self._pending.append(_Writing(finished))
+    def add(self, answer: Answer) -> None:
+        self._pending.append(_Writing(answer))
 
     def settle(self, counts: Counts) -> int:
         """Write every chunk the broker has answered; return how many of those were written
-        that may let new rows be claimed (Finished.frees).
+        that may let new rows be claimed (Answer.frees).
 
         On DatabaseUnavailable what is not written yet is kept for the next call (each chunk
         remembers how far it got): if a lease runs out first, another relay republishes (same
@@ -93,7 +93,7 @@ class Settler:
         if not pending:
             return 0
         try:
-            messages = sum(len(w.finished.outcomes) for w in pending)
+            messages = sum(len(w.answer.outcomes) for w in pending)
             with self._observer.loop_span("settle", messages=messages):
                 for writing in pending:
                     if writing.settlement is None:
@@ -106,14 +106,14 @@ class Settler:
             for writing in pending:
                 if writing.written:
                     self._done(writing)
-        return sum(1 for w in pending if w.finished.frees and w.written)
+        return sum(1 for w in pending if w.answer.frees and w.written)
 
     def _decide(self, writing: _Writing) -> Settlement:
-        finished = writing.finished
-        lease = self._leases.get(finished.token)
+        answer = writing.answer
+        lease = self._leases.get(answer.token)
         config, guard = self._config, self._guard
         triaged = triage(
-            finished.outcomes,
+            answer.outcomes,
             lease.rows if lease is not None else {},
             part=guard.naming.part,
             permanent=config.policy.permanent,
@@ -122,7 +122,7 @@ class Settler:
         burns = guard.record(triaged.circuits, writing.burns) if triaged.circuits else {}
         now = self._wall()
         since = self._track_unroutable(triaged, now)
-        return settle(
+        return decisions(
             triaged, burns, policy=config.policy, now=now, rng=self._rng, unroutable_since=since
         )
 
@@ -165,7 +165,7 @@ class Settler:
         by_token: dict[uuid.UUID, list[_Writing]] = {}
         for writing in pending:
             if not writing.marked:
-                by_token.setdefault(writing.finished.token, []).append(writing)
+                by_token.setdefault(writing.answer.token, []).append(writing)
         for token, chunks in by_token.items():
             seqs = [seq for w in chunks for seq in w.decided.published]
             if seqs:
@@ -182,30 +182,30 @@ class Settler:
             return
         failures = writing.decided.failures
         if failures:
-            token = writing.finished.token
+            token = writing.answer.token
             self._store.settle_failures(token, failures, relay_id=self._config.relay_id)
             _count_failures(failures, counts)
         writing.failures_written = True
 
     def _done(self, writing: _Writing) -> None:
         """The chunk's rows leave its lease (the lease goes with its last row)."""
-        finished = writing.finished
-        lease = self._leases.get(finished.token)
+        answer = writing.answer
+        lease = self._leases.get(answer.token)
         if lease is None:
-            return  # given back meanwhile
-        lease.chunks.pop(finished.chunk, None)  # its room in the window is free again
+            return  # released meanwhile
+        lease.chunks.pop(answer.chunk, None)  # its room in the window is free again
         rows, spans = {}, {}
-        for outcome in finished.outcomes:
-            row = lease.rows.pop(outcome.ref, None)
+        for outcome in answer.outcomes:
+            row = lease.rows.pop(outcome.seq, None)
             if row is not None:
-                rows[outcome.ref] = row
-            span = lease.spans.pop(outcome.ref, None)
+                rows[outcome.seq] = row
+            span = lease.spans.pop(outcome.seq, None)
             if span is not None:
-                spans[outcome.ref] = span
+                spans[outcome.seq] = span
         decided = writing.decided
         self._observer.settled(rows, spans, decided.published, decided.failures, self._wall())
         if not lease.rows:
-            del self._leases[finished.token]
+            del self._leases[answer.token]
 
 
 def _count_failures(failures: list[Retry | Dead], counts: Counts) -> None:

@@ -11,7 +11,7 @@ SUSPECT_GROUP together or one alone (relay/store/common.py, GROUPED). The loop's
   which makes their rows suspects for the next relay.
 
 A suspect lease is only ever alone among the leases it could wait behind, so whether claiming is
-quarantined is read from the leases themselves: it ends when the lease is settled or given back,
+quarantined is read from the leases themselves: it ends when the lease is settled or released,
 with no flag of the claimer's to clear.
 """
 

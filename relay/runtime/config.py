@@ -62,14 +62,14 @@ class RelayConfig:
     amqp_tls: TlsOptions = field(default_factory=TlsOptions)  # for amqps:// URLs
     relay_id: str = field(default_factory=default_relay_id)
     log_level: str = kept("INFO", LOG_LEVEL)
-    batch_size: int = kept(500, positive_int)  # rows per claim
-    # Published, unconfirmed messages; bounds memory and redelivery.
-    max_in_flight: int = kept(5000, positive_int)
-    # Messages handed to the publisher and not yet marked (or settled otherwise), at most: the
-    # ceiling of the window that sizes itself below it (relay/core/window.py), and so of what a
-    # killed relay can leave sent and unmarked for the next to publish again; the rest of a claim
-    # waits in memory.
-    max_unconfirmed: int = kept(2048, positive_int)
+    # The one flow-control limit: messages this relay holds in flight (claimed and not yet
+    # settled), at most. The window of those sent and not yet settled sizes itself below it
+    # (relay/core/window.py), each claim takes what room is left, and a killed relay leaves at
+    # most this many for the next to publish again.
+    max_in_flight: int = kept(2048, positive_int)
+    # Rows one claim statement takes at most (not a flag: claims take the room max_in_flight
+    # leaves, in statements of this size).
+    claim_max: int = kept(500, positive_int)
     # Longest wait between claims when idle (a notification ends it).
     poll_interval: float = kept(0.5, positive_number)
     min_poll_interval: float = kept(0.005, positive_number)  # first wait after a claim found work

@@ -66,6 +66,8 @@ class Setting:
     blank_refused: bool = False  # an empty variable is read (and refused), not taken as unset
     repeat: bool = False  # repeated flags add up; the variable is comma-separated
     switch: bool = False  # --flag / --no-flag (`read` is then `switch`, for the variable)
+    # An old flag, still accepted: what the relay logs when it is given (`target` "": no effect).
+    replaced: str | None = None
 
     @property
     def dest(self) -> str:
@@ -76,6 +78,8 @@ class Setting:
         return listed and command not in self.not_for
 
     def default(self) -> Any:
+        if not self.target:
+            return None
         value: Any = _defaults()
         for name in self.target.split("."):
             value = getattr(value, name)
@@ -160,14 +164,18 @@ SETTINGS: tuple[Setting, ...] = (
     # `run`: the relay.
     Setting("--relay-id", "OUTBOX_RELAY_ID", "relay_id", text,
             "name of this relay in leases and logs", show=lambda _: "HOSTNAME:PID", metavar="ID"),
-    Setting("--batch-size", "OUTBOX_BATCH_SIZE", "batch_size", positive_int,
-            "rows claimed at a time", metavar="N"),
     Setting("--max-in-flight", "OUTBOX_MAX_IN_FLIGHT", "max_in_flight", positive_int,
-            "unconfirmed messages at most", metavar="N"),
-    Setting("--max-unconfirmed", "OUTBOX_MAX_UNCONFIRMED", "max_unconfirmed", positive_int,
-            "messages published and not yet marked at most: the ceiling of the window, which "
-            "sizes itself to the broker's confirm round below it; what a killed relay can leave "
-            "for the next to publish again", metavar="N"),
+            "messages the relay holds in flight (claimed, not yet settled) at most: the one "
+            "flow-control limit; the window of those sent sizes itself below it to the broker's "
+            "confirm round, and a killed relay leaves at most this many to publish again",
+            metavar="N"),
+    Setting("--max-unconfirmed", "OUTBOX_MAX_UNCONFIRMED", "max_in_flight", positive_int,
+            "the old name of --max-in-flight", metavar="N",
+            replaced="--max-unconfirmed is --max-in-flight now: the one flow-control limit"),
+    Setting("--batch-size", "OUTBOX_BATCH_SIZE", "", positive_int,
+            "no effect: claims take what room --max-in-flight leaves", metavar="N",
+            replaced="--batch-size has no effect: each claim takes what room --max-in-flight "
+            "leaves (500 rows a statement at most)"),
     Setting("--heartbeat-interval", "OUTBOX_HEARTBEAT_INTERVAL", "heartbeat_interval",
             positive_number, "seconds between this relay's heartbeats", show=_seconds,
             metavar="SECONDS"),
@@ -275,10 +283,28 @@ def resolve(command: str, flags: Mapping[str, Any], environ: Mapping[str, str]) 
     values: dict[str, Any] = {}
     for setting in SETTINGS:
         if flags.get(setting.dest) is not None:
-            values[setting.target] = flags[setting.dest]
+            value = flags[setting.dest]
         elif setting.env and setting.used_by(command) and _given(setting, environ):
-            values[setting.target] = setting.from_env(environ[setting.env])
+            value = setting.from_env(environ[setting.env])
+        else:
+            continue
+        if setting.replaced is not None and (not setting.target or setting.target in values):
+            continue  # no effect, or the new name was given too: it wins
+        values[setting.target] = value
     return build(values)
+
+
+def replaced(command: str, flags: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """What to say of each old option `command` was given (see Setting.replaced)."""
+    return [
+        setting.replaced
+        for setting in SETTINGS
+        if setting.replaced is not None
+        and (
+            flags.get(setting.dest) is not None
+            or (setting.env and setting.used_by(command) and _given(setting, environ))
+        )
+    ]
 
 
 def _given(setting: Setting, environ: Mapping[str, str]) -> bool:

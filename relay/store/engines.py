@@ -13,6 +13,7 @@ from sqlalchemy import URL, Engine, create_engine, event
 from outbox.encoding import load_stored_json
 from relay.store.boundary import translated
 from relay.store.databases import DIALECTS, database_url, driver_arguments
+from relay.store.overlap import connection_class
 
 log = logging.getLogger("relay.store")
 
@@ -49,6 +50,9 @@ def make_engine(
         options["isolation_level"] = "AUTOCOMMIT"
     # A row's undecodable JSON becomes a value the wire refuses, not an error failing the claim.
     engine = create_engine(url, json_deserializer=load_stored_json, **options)
+    if relaxed_commit and url.get_driver_name() == "psycopg":
+        # The loop's connections let its thread do the broker's IO while it waits for them.
+        event.listen(engine, "do_connect", _overlapping)
     timeout_sql = dialect.statement_timeout if statement_timeout is not None else None
     relaxed_sql = dialect.relaxed_commit if relaxed_commit else None
     # The loop's statements prepared on the server, on a direct connection only, unless the URL
@@ -80,6 +84,10 @@ def make_engine(
 
         event.listen(engine, "connect", session_settings)
     return engine
+
+
+def _overlapping(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+    return connection_class().connect(*cargs, **cparams)
 
 
 _said_pooled: set[str] = set()  # databases whose pooler was reported (once per process each)

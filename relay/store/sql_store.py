@@ -10,7 +10,7 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -24,7 +24,7 @@ from relay.core.circuit import Circuit, CircuitState
 from relay.core.policy import Dead, Retry
 from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable, PermissionDenied
-from relay.ports import Claimed, ResourceRow, RetentionFailed, StateCounts, T, TableHealth
+from relay.ports import Claimed, FdWait, ResourceRow, RetentionFailed, StateCounts, T, TableHealth
 from relay.store import counting, rescuer, retention
 from relay.store.boundary import first_line, translated
 from relay.store.common import ALONE, GROUPED, SOLITARY
@@ -36,6 +36,7 @@ from relay.store.engines import (
     STATEMENT_TIMEOUT,
     make_engine,
 )
+from relay.store.overlap import waiting_with
 
 ERROR_MAX = 2000  # characters of error text kept per attempt
 
@@ -379,6 +380,10 @@ class SqlStore:
     def ping(self) -> None:
         with self._side_conn() as conn:
             conn.execute(self._sql.ping)
+
+    def while_waiting(self, wait: FdWait) -> AbstractContextManager[None]:
+        """On the calling thread, wait for the database with `wait` (relay/store/overlap.py)."""
+        return waiting_with(wait)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -32,7 +32,7 @@ from tests.support.broker import Broker
 from tests.support.db import row_count
 from tests.support.proxy import TcpProxy
 from tests.support.relays import RELAY_TEST_CONFIG
-from tests.support.waiting import wait_until
+from tests.support.waiting import doing_io, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -195,15 +195,16 @@ def test_after_every_node_failed_the_publisher_backs_off_then_starts_again_in_or
         proxy.cut()
         # Lost the first node, then the second refused: a whole round failed, so a backoff,
         # and the next round starts with the first node again.
-        wait_until(lambda: len(events(caplog, "broker.lost")) >= 3, timeout=15,
-                   what="the first node retried after a backoff")  # fmt: skip
+        retried = doing_io(publisher, lambda: len(events(caplog, "broker.lost")) >= 3)
+        wait_until(retried, timeout=15, what="the first node retried after a backoff")
         first, second, third = events(caplog, "broker.lost")[:3]
         assert (first["node"], first["retry_in"]) == (node_name(through_proxy), 0.0)
         assert (second["node"], second["next"]) == (node_name(dead), node_name(through_proxy))
         assert second["retry_in"] > 0
         assert third["node"] == node_name(through_proxy)
         proxy.restore()
-        wait_until(lambda: publisher.ready, timeout=15, what="reconnected to the first node")
+        back = doing_io(publisher, lambda: publisher.ready)
+        wait_until(back, timeout=15, what="reconnected to the first node")
         assert publisher.node == node_name(through_proxy)
     finally:
         publisher.stop()

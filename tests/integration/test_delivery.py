@@ -368,7 +368,7 @@ def test_higher_priority_rows_are_claimed_first(
                 priority=priority,
             )
     # One row per claim, one message in flight at a time: delivery order is claim order.
-    relay = relay_factory(db_url, run=False, batch_size=1, max_in_flight=1)
+    relay = relay_factory(db_url, run=False, claim_max=1, max_in_flight=1)
     results = drive_until_settled(relay, len(priorities))
     assert max(r.claimed for r in results) == 1
     broker.collect(lambda got: len(got) == len(priorities))
@@ -382,7 +382,7 @@ def test_run_once_reports_what_it_did(
     with app_engine.begin() as conn:
         for n in range(5):
             outbox.enqueue(conn, exchange=broker.exchange, routing_key="r", payload=[n])
-    relay = relay_factory(db_url, run=False, batch_size=2)
+    relay = relay_factory(db_url, run=False, claim_max=2)
     results: list[Counts] = drive_until_settled(relay, 5)
     assert sum(r.claimed for r in results) == 5
     assert sum(r.published for r in results) == 5

@@ -68,7 +68,7 @@ def test_three_relays_keep_per_key_order_while_publishes_fail_and_are_retried(
     queue = broker.declare_queue(
         bind_to=exchange, arguments={"x-max-length": 100, "x-overflow": "reject-publish"}
     )
-    relays = [relay_factory(pg_url, policy=FAST_RETRIES, batch_size=100) for _ in range(3)]
+    relays = [relay_factory(pg_url, policy=FAST_RETRIES, claim_max=100) for _ in range(3)]
     keys, per_key, unkeyed = 100, 10, 300
     sent: dict[str, list[int]] = defaultdict(list)
     ids: list[uuid.UUID] = []

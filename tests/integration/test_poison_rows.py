@@ -132,7 +132,7 @@ def test_poison_rows_hurt_only_themselves(
     # dead_key="skip": one relay serves every example, and hypothesis writes the same spoiled key
     # (a BLOB b'k') again and again; under "hold" the first dead row would rightly hold the later
     # ones behind it, which is ordering, not what this test is about.
-    relay = relay_factory(url, batch_size=16, dead_key="skip")
+    relay = relay_factory(url, claim_max=16, dead_key="skip")
     publisher = relay.publisher
     assert isinstance(publisher, Publisher)
     published: set[uuid.UUID] = set()

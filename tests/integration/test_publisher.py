@@ -11,10 +11,12 @@ import pytest
 
 from relay.amqp.coalesce import WRITE_AT
 from relay.amqp.publisher import Publisher
+from relay.amqp.wire import with_properties
 from relay.core.outcome import Fate, Outcome
 from relay.errors import BrokerUnavailable
 from relay.ports import Outgoing
 from tests.support.broker import Broker
+from tests.support.waiting import doing_io, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -90,7 +92,7 @@ def test_publisher_connects_and_stops(amqp_url: str, thread_errors: list[BaseExc
 def _item(ref: int, exchange: str, routing_key: str = "r") -> Outgoing:
     message_id = str(uuid.uuid4())
     props = pika.BasicProperties(message_id=message_id, delivery_mode=2)
-    return Outgoing(ref, message_id, exchange, routing_key, f"{ref}".encode(), props)
+    return with_properties(ref, exchange, routing_key, f"{ref}".encode(), props)
 
 
 def test_a_chain_sends_nothing_after_a_message_that_was_not_confirmed(
@@ -104,12 +106,9 @@ def test_a_chain_sends_nothing_after_a_message_that_was_not_confirmed(
     publisher = Publisher(amqp_url)
     publisher.start()
     answers: list[list[Outcome]] = []
-    done = threading.Event()
 
     def answered(outcomes: list[Outcome]) -> None:
         answers.append(outcomes)
-        if len(answers) == 4:
-            done.set()
 
     try:
         first = [_item(n, bound, "ok") for n in range(1, 4)]
@@ -120,16 +119,16 @@ def test_a_chain_sends_nothing_after_a_message_that_was_not_confirmed(
         for batch in (first, second, third):
             publisher.publish(batch, answered, chain="k")
         publisher.publish(other, answered, chain="other")
-        assert done.wait(10)
+        wait_until(doing_io(publisher, lambda: len(answers) == 4), what="four answers")
     finally:
         publisher.stop()
-    fates = {o.ref: o for outcomes in answers for o in outcomes}
+    fates = {o.seq: o for outcomes in answers for o in outcomes}
     assert [fates[n].fate for n in range(1, 6)] == [Fate.CONFIRMED] * 5
     assert fates[6].fate is Fate.UNROUTABLE
     assert all(fates[n].held_back and fates[n].fate is Fate.NOT_SENT for n in (7, 8, 9))
     assert [fates[n].fate for n in (10, 11)] == [Fate.CONFIRMED] * 2
     # Every batch answered once, the chain's in the order handed over.
-    by_batch = [sorted(o.ref for o in outcomes) for outcomes in answers]
+    by_batch = [sorted(o.seq for o in outcomes) for outcomes in answers]
     assert sorted(by_batch) == [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11]]
     chain = [b for b in by_batch if b[0] < 10]
     assert chain == [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
@@ -149,16 +148,16 @@ def _answers(
 ) -> list[Outcome]:
     """Publish `batches` and wait for every answer; the outcomes, in the order answered."""
     outcomes: list[Outcome] = []
-    done = threading.Semaphore(0)
+    answers = 0
 
     def answered(answer: list[Outcome]) -> None:
+        nonlocal answers
         outcomes.extend(answer)
-        done.release()
+        answers += 1
 
     for batch in batches:
         publisher.publish(batch, answered, chain=chain)
-    for _ in batches:
-        assert done.acquire(timeout=10)
+    wait_until(doing_io(publisher, lambda: answers == len(batches)), what="every answer")
     return outcomes
 
 
@@ -193,10 +192,8 @@ def test_a_batch_reaches_the_socket_in_one_write_and_arrives_intact(
         small_writes = list(writes)
         large = [_item(n, broker.exchange) for n in range(101, 111)]
         for n in (103, 107):  # over frame_max (131,072): three body frames each
-            was = large[n - 101]
-            large[n - 101] = Outgoing(
-                n, was.message_id, broker.exchange, "r", bytes([n]) * 300_000, was.properties
-            )
+            props = pika.BasicProperties(message_id=large[n - 101].message_id, delivery_mode=2)
+            large[n - 101] = with_properties(n, broker.exchange, "r", bytes([n]) * 300_000, props)
         outcomes += _answers(publisher, [large])
         large_writes = writes[len(small_writes) :]
         chain = [_item(n, broker.exchange) for n in range(111, 114)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import pytest
 
@@ -23,3 +23,18 @@ def wait_until(
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what or condition!r}")
         time.sleep(interval)
+
+
+class DoesIO(Protocol):
+    def wait(self, timeout: float) -> None: ...
+
+
+def doing_io(publisher: DoesIO, condition: Callable[[], T]) -> Callable[[], T]:
+    """`condition`, looked at after each turn of `publisher`'s IO: the publisher has no thread of
+    its own (its answers, reconnects and timers run in `wait`), so a test waiting on it does it."""
+
+    def turn() -> T:
+        publisher.wait(0.02)
+        return condition()
+
+    return turn

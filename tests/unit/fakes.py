@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from relay.amqp.wire import to_outgoing
@@ -15,7 +17,7 @@ from relay.core.outcome import Fate, Outcome
 from relay.core.policy import Dead, Retry
 from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable
-from relay.ports import Claimed, Done, Outgoing, ResourceRow, StateCounts, T
+from relay.ports import Claimed, Done, FdWait, Outgoing, ResourceRow, StateCounts, T
 
 EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -348,6 +350,9 @@ class FakeStore:
         ready = sum(1 for r in self.rows.values() if self._due(r))
         return StateCounts(by_state, ready, by_state.get("pending", 0) - ready, None)
 
+    def while_waiting(self, wait: FdWait) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     def ping(self) -> None:
         pass
 
@@ -380,7 +385,7 @@ def _as_chain(done: Done, chain: Hashable, broken: set[Hashable]) -> Done:
         chained: list[Outcome] = []
         for o in outcomes:
             if chain in broken:
-                o = Outcome(o.ref, Fate.NOT_SENT, "held back", held_back=True)
+                o = Outcome(o.seq, Fate.NOT_SENT, "held back", held_back=True)
             elif o.fate is not Fate.CONFIRMED:
                 broken.add(chain)
             chained.append(o)
@@ -393,11 +398,10 @@ def _as_chain(done: Done, chain: Hashable, broken: set[Hashable]) -> Done:
 class FakePublisher:
     """Settles each batch at once with `decide(item)`, or holds batches when `hold` is set."""
 
-    decide: Callable[[Outgoing], Outcome] = lambda item: Outcome(item.ref, Fate.CONFIRMED)
+    decide: Callable[[Outgoing], Outcome] = lambda item: Outcome(item.seq, Fate.CONFIRMED)
     hold: bool = False
     ready: bool = True
     blocked: bool = False
-    alive: bool = True
     held: list[tuple[Sequence[Outgoing], Done]] = field(default_factory=list)
     chained: list[list[int]] = field(default_factory=list)  # the refs of each chain's batch
     chain_ids: list[Hashable] = field(default_factory=list)  # the chain of each of those
@@ -409,12 +413,21 @@ class FakePublisher:
     def start(self, timeout: float = 10.0) -> None:
         self.ready = True
 
+    def wait(self, timeout: float) -> None:
+        """Nothing to read: every answer was given in publish() or by a test's call."""
+
+    def interrupt(self) -> None:
+        pass
+
+    def wait_fd(self, fileno: int, events: int) -> int:
+        return events  # no database here has a socket to wait on
+
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
     ) -> None:
         self.published.extend(items)
         if chain is not None:
-            self.chained.append([i.ref for i in items])
+            self.chained.append([i.seq for i in items])
             self.chain_ids.append(chain)
             done = _as_chain(done, chain, self.broken_chains)
         if self.hold:
@@ -436,4 +449,4 @@ class FakePublisher:
         self.stopped = True
         held, self.held = self.held, []
         for items, done in held:
-            done([Outcome(i.ref, Fate.UNCONFIRMED, "publisher stopped") for i in items])
+            done([Outcome(i.seq, Fate.UNCONFIRMED, "publisher stopped") for i in items])

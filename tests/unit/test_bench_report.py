@@ -62,12 +62,12 @@ def test_recovery_and_steady_kill() -> None:
     assert _line(lines, "target steady kill").endswith(": met (100 vs 100)")
 
 
-def test_hot_keys_against_their_publisher_bounds() -> None:
-    lines = target_lines(
-        Figures(hot_1=900.0, hot_publisher=1000.0, hot_4=2000.0, hot_publisher_4=3000.0)
-    )
-    assert ": met (900 vs 1,000 msg/s: 0.90x)" in _line(lines, "target one hot key")
-    assert ": NOT met (2,000 vs 3,000 msg/s: 0.67x)" in _line(lines, "target four hot keys")
+def test_hot_keys_against_raw_pika_with_as_many_unconfirmed() -> None:
+    lines = target_lines(Figures(hot_1=900.0, hot_serial=1000.0, hot_4=2000.0, hot_serial_4=3000.0))
+    one = _line(lines, "target one hot key >= 0.9x raw pika with one unconfirmed")
+    assert one.endswith(": met (900 vs 1,000 msg/s: 0.90x)")
+    four = _line(lines, "target four hot keys >= 0.9x raw pika with four unconfirmed")
+    assert four.endswith(": NOT met (2,000 vs 3,000 msg/s: 0.67x)")
 
 
 def test_a_hot_key_without_its_bound_cannot_be_judged() -> None:
@@ -83,15 +83,26 @@ def test_the_default_drain_and_the_small_figures() -> None:
             small=9000.0,
             small_ceiling=15000.0,
             small_relay_us=40.0,
+            small_ceiling_us=25.0,
+            small_database_us=45.0,
             relay_us=100.0,
         )
     )
     assert _line(lines, "target relay >= 0.8x ceiling").endswith(
         ": met (in-process: 8,500 vs 10,000 msg/s: 0.85x)"
     )
-    small = _line(lines, "80-byte bodies: ")
-    assert "9,000 vs 15,000 msg/s: 0.60x its ceiling" in small
-    assert "relay CPU 40 us/msg (1 KB bodies: 100 us/msg)" in small
+    small = _line(lines, "target 80-byte drain >= 0.8x its ceiling")
+    assert small.endswith(": NOT met (9,000 vs 15,000 msg/s: 0.60x)")
+    cpu = _line(lines, "target relay CPU per 80-byte message <= 1.67x raw pika's")
+    assert cpu.endswith(": met (40 vs 25 us: 1.60x)")
+    assert _line(lines, "80-byte bodies: ") == (
+        "80-byte bodies: database CPU 45 us/msg (1 KB bodies: relay 100 us)"
+    )
+
+
+def test_the_relays_cpu_without_raw_pikas_cannot_be_judged() -> None:
+    line = _line(target_lines(Figures(small_relay_us=40.0)), "target relay CPU")
+    assert "cannot be judged (40 us; raw pika's was not measured)" in line
 
 
 def test_nothing_measured_judges_nothing() -> None:

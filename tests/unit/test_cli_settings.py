@@ -11,7 +11,7 @@ import pytest
 
 from outbox.schema import SCHEMA_VERSION
 from relay.cli import main as cli
-from relay.cli.options import configure
+from relay.cli.options import configure, replaced_options
 from relay.core.durations import format_duration, parse_duration
 from relay.errors import ConfigError
 from relay.runtime.config import RelayConfig
@@ -36,10 +36,26 @@ def config(argv: list[str], **environ: str) -> RelayConfig:
 
 
 def test_a_flag_beats_its_variable_which_beats_the_default() -> None:
-    assert config(["run"]).batch_size == 500
-    assert config(["run"], OUTBOX_BATCH_SIZE="7").batch_size == 7
-    assert config(["run", "--batch-size", "9"], OUTBOX_BATCH_SIZE="7").batch_size == 9
-    assert config(["run"], OUTBOX_BATCH_SIZE="").batch_size == 500  # empty counts as unset
+    assert config(["run"]).max_in_flight == 2048
+    assert config(["run"], OUTBOX_MAX_IN_FLIGHT="7").max_in_flight == 7
+    assert config(["run", "--max-in-flight", "9"], OUTBOX_MAX_IN_FLIGHT="7").max_in_flight == 9
+    assert config(["run"], OUTBOX_MAX_IN_FLIGHT="").max_in_flight == 2048  # empty is unset
+
+
+def test_the_old_flow_control_options_are_accepted_and_say_what_replaced_them() -> None:
+    """One limit: --max-unconfirmed is its old name (the new one wins when both are given);
+    --batch-size has no effect. Each is named once in a warning."""
+    assert config(["run", "--max-unconfirmed", "300"]).max_in_flight == 300
+    assert config(["run"], OUTBOX_MAX_UNCONFIRMED="300").max_in_flight == 300
+    both = ["run", "--max-in-flight", "900", "--max-unconfirmed", "300"]
+    assert config(both).max_in_flight == 900
+    assert config(["run", "--batch-size", "9"]).claim_max == RelayConfig().claim_max
+    args = cli.build_parser().parse_args(["run", "--batch-size", "9", "--max-unconfirmed", "3"])
+    said = replaced_options(args, {})
+    assert len(said) == 2
+    assert "--max-unconfirmed is --max-in-flight now" in said[0]
+    assert said[1].startswith("--batch-size has no effect")
+    assert replaced_options(cli.build_parser().parse_args(["run"]), {}) == []
 
 
 def test_variables_reach_every_part_of_the_configuration() -> None:
@@ -71,7 +87,9 @@ def test_no_flag_and_no_variable_is_relay_configs_own_default() -> None:
 
 def test_another_commands_option_with_the_same_name_is_not_a_setting() -> None:
     purge = config(["purge", "--older-than", "1d", "--batch-size", "5000"])
-    assert purge.batch_size == RelayConfig().batch_size
+    assert purge.max_in_flight == RelayConfig().max_in_flight
+    args = cli.build_parser().parse_args(["purge", "--older-than", "1d", "--batch-size", "50"])
+    assert replaced_options(args, {}) == []
 
 
 # --------------------------------------------------------------------------- bad variables

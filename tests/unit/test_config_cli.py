@@ -49,8 +49,8 @@ def test_config_rejects_a_lease_shorter_than_the_confirm_timeout() -> None:
 
 
 def test_config_rejects_non_positive_values() -> None:
-    with pytest.raises(ConfigError, match="batch_size"):
-        RelayConfig(batch_size=0)
+    with pytest.raises(ConfigError, match="claim_max"):
+        RelayConfig(claim_max=0)
 
 
 @pytest.mark.parametrize(

@@ -33,8 +33,8 @@ def test_a_field_with_a_rule_is_read_by_the_reader_that_holds_it() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "words"),
     [
-        ("batch_size", 0, "batch_size must be positive, got 0"),
-        ("max_unconfirmed", 2**31, "max_unconfirmed is too large"),
+        ("claim_max", 0, "claim_max must be positive, got 0"),
+        ("max_in_flight", 2**31, "max_in_flight is too large"),
         ("poll_interval", float("inf"), "poll_interval is not a finite number"),
         ("min_poll_interval", 0.0, "min_poll_interval must be positive"),
         ("drain_timeout", -1.0, "drain_timeout must not be negative"),
@@ -58,7 +58,7 @@ def test_a_value_given_in_code_keeps_its_readers_rule(field: str, value: Any, wo
 @pytest.mark.parametrize(
     ("read", "text", "field", "value", "problem"),
     [
-        (positive_int, "0", "batch_size", 0, "must be positive"),
+        (positive_int, "0", "max_in_flight", 0, "must be positive"),
         (positive_number, "-2", "lease_seconds", -2.0, "must be positive"),
         (non_negative_number, "-1", "drain_timeout", -1.0, "must not be negative"),
         (port, "65536", "http_port", 65536, "is not a port number (0 to 65535)"),

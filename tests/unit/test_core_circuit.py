@@ -211,8 +211,8 @@ def test_a_clock_stepping_back_adds_no_tokens() -> None:
 
 def test_unused_tokens_go_back_capped_at_the_burst() -> None:
     b, _ = bucket.take(bucket.Bucket(), T0, rate=5, burst=5, want=4)
-    assert bucket.give_back(b, 3, burst=5).tokens == 4
-    assert bucket.give_back(b, 30, burst=5).tokens == 5
+    assert bucket.refund(b, 3, burst=5).tokens == 4
+    assert bucket.refund(b, 30, burst=5).tokens == 5
 
 
 def test_wait_for_says_when_the_next_token_comes() -> None:

@@ -11,7 +11,7 @@ import pytest
 from relay.core.failures import FailureClass as FC
 from relay.core.outcome import Fate, Outcome
 from relay.core.policy import DEFAULT_PERMANENT, Dead, Retry, RetryPolicy
-from relay.core.settlement import Triage, settle, triage
+from relay.core.settlement import Triage, decisions, triage
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 POLICY = RetryPolicy(max_attempts=3, max_age=3600)
@@ -32,12 +32,12 @@ def by_exchange(exchange: str, _routing_key: str) -> str:
 
 
 def triaged(*outcomes: Outcome, rows: dict[int, Row] | None = None) -> Triage:
-    rows = rows if rows is not None else {o.ref: Row(o.ref) for o in outcomes}
+    rows = rows if rows is not None else {o.seq: Row(o.seq) for o in outcomes}
     return triage(outcomes, rows, part=by_exchange, permanent=DEFAULT_PERMANENT)
 
 
 def decided(t: Triage, burns: dict[str, list[bool]]) -> list[tuple[int, str, FC]]:
-    out = settle(t, burns, policy=POLICY, now=NOW, rng=random.Random(1))
+    out = decisions(t, burns, policy=POLICY, now=NOW, rng=random.Random(1))
     return [(d.seq, d.kind, d.failure.cls) for d in out.failures]
 
 
@@ -121,7 +121,7 @@ def test_a_permanence_setting_moves_a_failure_out_of_the_circuits() -> None:
         permanent=strict.permanent,
     )
     assert t.circuits == {}
-    [dead] = settle(t, {}, policy=strict, now=NOW, rng=random.Random(1)).failures
+    [dead] = decisions(t, {}, policy=strict, now=NOW, rng=random.Random(1)).failures
     assert (dead.seq, dead.kind) == (1, "dead")
 
 
@@ -178,8 +178,8 @@ def test_each_failure_of_a_part_takes_its_own_answer_from_the_circuit_in_order()
 def test_confirmed_rows_need_no_decision_and_the_triage_is_left_as_it_was() -> None:
     t = triaged(Outcome(1, Fate.CONFIRMED), Outcome(2, Fate.REJECTED, "nack"))
     burns = {"orders": [True]}
-    first = settle(t, burns, policy=POLICY, now=NOW, rng=random.Random(1))
-    again = settle(t, burns, policy=POLICY, now=NOW, rng=random.Random(1))
+    first = decisions(t, burns, policy=POLICY, now=NOW, rng=random.Random(1))
+    again = decisions(t, burns, policy=POLICY, now=NOW, rng=random.Random(1))
     assert first == again  # pure: the same inputs, the same decisions
     assert first.published == [1]
     [retry] = first.failures

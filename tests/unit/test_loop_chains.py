@@ -1,5 +1,5 @@
 """Chains, against fakes: the run of a hot key a claim brings is published one message at a
-time in key order, a piece at a time; after a message that is not confirmed, the rest of the
+time in key order, a chunk at a time; after a message that is not confirmed, the rest of the
 chain is given back unsent (no attempt charged) while the rows beside it go on."""
 
 from __future__ import annotations
@@ -58,18 +58,18 @@ def test_a_hot_keys_run_goes_out_chained_in_key_order_beside_the_rest() -> None:
 def test_a_chain_is_handed_over_whole_and_takes_one_piece_of_the_window() -> None:
     store = FakeStore()
     count = chains.RUN + 1  # a run and its head: the claim takes them all
-    assert count > chains.PIECE
+    assert count > chains.CHUNK
     store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
     store.add(*(make_claimed(seq) for seq in range(1000, 1100)))
     publisher = FakePublisher(hold=True)
-    window = chains.PIECE * 2 + 8
-    relay, _ = make_relay(store, publisher, batch_size=500, max_unconfirmed=window)
+    window = chains.CHUNK * 2 + 8
+    relay, _ = make_relay(store, publisher, claim_max=500, window=window)
     relay.run_once()
     assert publisher.chained == seq_pieces(1, count)
-    # Only the chain's first piece can be confirmed and unmarked at once: the rest of the
+    # Only the chain's first chunk can be confirmed and unmarked at once: the rest of the
     # window goes to the rows beside it.
-    beside = [i.ref for i in publisher.published if i.ref >= 1000]
-    assert len(beside) == window - chains.PIECE
+    beside = [i.seq for i in publisher.published if i.seq >= 1000]
+    assert len(beside) == window - chains.CHUNK
     publisher.confirm_held()
     relay.run_once()
     relay.run_once()
@@ -80,14 +80,14 @@ def test_a_chain_is_handed_over_whole_and_takes_one_piece_of_the_window() -> Non
 
 def test_after_a_failure_the_rest_of_the_chain_is_given_back_unsent() -> None:
     store = ReleasingStore()
-    count = chains.PIECE + 5
+    count = chains.CHUNK + 5
     store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
     store.add(make_claimed(100))
 
     def decide(item: Outgoing) -> Outcome:
-        if item.ref == 3:
-            return Outcome(item.ref, Fate.REJECTED, "basic.nack from broker")
-        return Outcome(item.ref, Fate.CONFIRMED)
+        if item.seq == 3:
+            return Outcome(item.seq, Fate.REJECTED, "basic.nack from broker")
+        return Outcome(item.seq, Fate.CONFIRMED)
 
     publisher = FakePublisher(decide=decide)
     relay, _ = make_relay(store, publisher)
@@ -101,10 +101,10 @@ def test_after_a_failure_the_rest_of_the_chain_is_given_back_unsent() -> None:
     assert [s for s in range(4, count + 1) if states[s] != "pending"] == []
     assert [s for s in range(4, count + 1) if store.rows[s].released != 1] == []
     assert store.releases == [(list(range(4, count + 1)), HELD_BACK)]
-    # The second piece was handed over with the first, and held back whole.
+    # The second chunk was handed over with the first, and held back whole.
     assert publisher.chained == [
-        list(range(1, chains.PIECE + 1)),
-        list(range(chains.PIECE + 1, count + 1)),
+        list(range(1, chains.CHUNK + 1)),
+        list(range(chains.CHUNK + 1, count + 1)),
     ]
     assert states[100] == "published"  # beside the chain, nothing changes
     assert released == count - 3
@@ -116,8 +116,8 @@ def test_a_chain_given_back_while_the_database_is_down_is_given_back_later() -> 
     store.add(*(make_claimed(seq, key="k") for seq in range(1, 6)))
 
     def decide(item: Outgoing) -> Outcome:
-        fate = Fate.UNROUTABLE if item.ref == 2 else Fate.CONFIRMED
-        return Outcome(item.ref, fate, "312 NO_ROUTE")
+        fate = Fate.UNROUTABLE if item.seq == 2 else Fate.CONFIRMED
+        return Outcome(item.seq, fate, "312 NO_ROUTE")
 
     publisher = FakePublisher(decide=decide, hold=True)
     relay, _ = make_relay(store, publisher)
@@ -150,12 +150,12 @@ def test_a_malformed_row_holds_back_the_rest_of_its_chain() -> None:
     assert states[1] == "published"
     assert states[2] == "dead"  # malformed: dead-lettered with its reason
     assert states[3] == "pending"  # never sent before the row ahead of it was dealt with
-    assert [i.ref for i in publisher.published] == [1]
+    assert [i.seq for i in publisher.published] == [1]
     assert store.releases == [([3], HELD_BACK)]
 
 
 def test_a_second_malformed_row_behind_the_first_is_held_back_not_lost() -> None:
-    # Both rows of the piece fail to build: the first is dead-lettered, and the second, like any
+    # Both rows of the chunk fail to build: the first is dead-lettered, and the second, like any
     # row behind it, is given back unsent (dropped from the answer, it would never be settled:
     # its lease extended for ever, its key stuck behind it).
     store, publisher, relay = _chain_of_three(1, 2)
@@ -172,8 +172,8 @@ def test_stopping_gives_back_the_chains_not_handed_over() -> None:
     store.add(*(make_claimed(seq, key="a") for seq in range(1, 41)))
     store.add(*(make_claimed(seq, key="b") for seq in range(41, 81)))
     publisher = FakePublisher(hold=True)
-    # Room for one chain's piece: the second chain waits for the first one's.
-    relay, _ = make_relay(store, publisher, max_unconfirmed=chains.PIECE + 8)
+    # Room for one chain's chunk: the second chain waits for the first one's.
+    relay, _ = make_relay(store, publisher, window=chains.CHUNK + 8)
     relay.run_once()
     assert {ref for refs in publisher.chained for ref in refs} == set(range(1, 41))
     relay.request_stop()
@@ -186,10 +186,10 @@ def test_stopping_gives_back_the_chains_not_handed_over() -> None:
 
 
 def test_a_chain_piece_is_overdue_only_for_its_own_messages_from_its_turn() -> None:
-    """A piece's messages go one per confirm, and only once the piece before it is answered:
-    a slow but live chain is not given up, and its second piece's time starts at its turn."""
+    """A chunk's messages go one per confirm, and only once the chunk before it is answered:
+    a slow but live chain is not given up, and its second chunk's time starts at its turn."""
     store = FakeStore()
-    count = chains.PIECE * 2
+    count = chains.CHUNK * 2
     store.add(*(make_claimed(seq, key="k") for seq in range(1, count + 1)))
     publisher = FakePublisher(hold=True)
     relay, clock = make_relay(store, publisher, confirm_timeout=1.0, batch_life=3.0)
@@ -202,20 +202,20 @@ def test_a_chain_piece_is_overdue_only_for_its_own_messages_from_its_turn() -> N
     first, second = held
     publisher.held = [second]
     first[1]([publisher.decide(i) for i in first[0]])
-    clock.now += 3.0 * 2  # the second piece's turn began just now
+    clock.now += 3.0 * 2  # the second chunk's turn began just now
     relay.run_once()
     assert [store.rows[s].state for s in (1, count)] == ["published", "in_flight"]
     assert store.history == []
-    clock.now += 3.0 * (1 + (chains.PIECE - 1) / 3) + 1  # now past its whole allowance
+    clock.now += 3.0 * (1 + (chains.CHUNK - 1) / 3) + 1  # now past its whole allowance
     relay.run_once()
     relay.run_once()
     assert (count, "test", "Retry") in store.history  # given up as unconfirmed: sent again
 
 
 def seq_pieces(first: int, count: int) -> list[list[int]]:
-    """The pieces `count` messages from seq `first` on are handed over in."""
+    """The chunks `count` messages from seq `first` on are handed over in."""
     seqs = list(range(first, first + count))
-    return [seqs[i : i + chains.PIECE] for i in range(0, count, chains.PIECE)]
+    return [seqs[i : i + chains.CHUNK] for i in range(0, count, chains.CHUNK)]
 
 
 def hot_key(store: FakeStore, count: int) -> None:
@@ -236,7 +236,7 @@ def test_a_chain_that_came_full_goes_on_under_its_lease_before_it_ends() -> None
     count = chains.RUN + 1 + chains.NEXT_RUN + 10
     hot_key(store, count)
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay, _ = make_relay(store, publisher, claim_max=500)
     relay.run_once()
     first = seq_pieces(1, chains.RUN + 1)
     assert publisher.chained == first  # the run and its head: what the claim took
@@ -244,7 +244,7 @@ def test_a_chain_that_came_full_goes_on_under_its_lease_before_it_ends() -> None
     answered = 0
     while not store.runs_extended:
         publisher.answer_first()
-        answered += chains.PIECE
+        answered += chains.CHUNK
         relay.run_once()  # once EXTEND_AT are left: the next run, handed over behind the chain
     assert chains.RUN + 1 - answered == chains.EXTEND_AT
     assert store.runs_extended == [chains.RUN + 1]
@@ -253,8 +253,8 @@ def test_a_chain_that_came_full_goes_on_under_its_lease_before_it_ends() -> None
     drain_piece_by_piece(relay, publisher)
     assert store.runs_extended == [chains.RUN + 1, chains.RUN + 1 + chains.NEXT_RUN]
     assert set(store.states().values()) == {"published"}
-    assert [item.ref for item in publisher.published] == list(range(1, count + 1))
-    assert len(set(publisher.chain_ids)) == 1  # one chain: each piece after the one before
+    assert [item.seq for item in publisher.published] == list(range(1, count + 1))
+    assert len(set(publisher.chain_ids)) == 1  # one chain: each chunk after the one before
     assert relay.in_flight == 0
 
 
@@ -262,7 +262,7 @@ def test_a_run_that_did_not_come_full_is_not_extended() -> None:
     store = FakeStore()
     hot_key(store, chains.RUN)  # the key's whole line, a message short of a full run
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay, _ = make_relay(store, publisher, claim_max=500)
     drain_piece_by_piece(relay, publisher)
     assert store.runs_extended == []
     assert set(store.states().values()) == {"published"}
@@ -273,16 +273,16 @@ def test_a_chain_that_broke_is_not_extended() -> None:
     hot_key(store, chains.RUN + 1 + chains.NEXT_RUN)
 
     def decide(item: Outgoing) -> Outcome:
-        if item.ref == 3:
-            return Outcome(item.ref, Fate.REJECTED, "basic.nack from broker")
-        return Outcome(item.ref, Fate.CONFIRMED)
+        if item.seq == 3:
+            return Outcome(item.seq, Fate.REJECTED, "basic.nack from broker")
+        return Outcome(item.seq, Fate.CONFIRMED)
 
     publisher = FakePublisher(decide=decide, hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay, _ = make_relay(store, publisher, claim_max=500)
     relay.run_once()
     publisher.answer_first()  # 3 failed: the rest of the chain was never sent
     relay.run_once()
-    while publisher.held:  # the chain's later pieces, held back whole
+    while publisher.held:  # the chain's later chunks, held back whole
         publisher.answer_first()
         relay.run_once()
     assert store.runs_extended == []
@@ -295,7 +295,7 @@ def test_a_database_failure_while_extending_leaves_the_chain_to_end_as_usual() -
     store = FakeStore()
     hot_key(store, chains.RUN + 1 + 10)
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=500)
+    relay, _ = make_relay(store, publisher, claim_max=500)
     relay.run_once()
     store.fail_next.append("claim_run")
     while "claim_run" in store.fail_next:  # until the chain is short enough to be extended

@@ -1,6 +1,6 @@
-"""The loop at its edges: suspects go out alone, no batch lives for ever, a dead publisher thread
-is seen, a half-written settlement is not counted twice, retention cannot stop the loop, and a
-crash gives up what was sent as an expired lease would."""
+"""The loop at its edges: suspects go out alone, no batch lives for ever, a stuck loop is seen
+and a failure in the broker's IO ends it, a half-written settlement is not counted twice,
+retention cannot stop the loop, and a crash gives up what was sent as an expired lease would."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_a_suspect_is_published_alone_and_nothing_is_claimed_beside_it() -> None
     store = FakeStore()
     store.add(*(make_claimed(i) for i in (1, 2, 3)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=3)
+    relay, _ = make_relay(store, publisher, claim_max=3)
     relay.run_once()
     assert len(publisher.published) == 3
     # A suspect comes back (its relay died): claimed, but held until the batch in flight settles.
@@ -31,7 +31,7 @@ def test_a_suspect_is_published_alone_and_nothing_is_claimed_beside_it() -> None
     assert len(publisher.published) == 3
     publisher.confirm_held()
     relay.run_once()  # settles 1-3, then sends the suspect on its own
-    assert [i.ref for i in publisher.published[3:]] == [4]
+    assert [i.seq for i in publisher.published[3:]] == [4]
     assert store.states()[5] == "pending"
     relay.claimer.claim_soon()
     relay.run_once()  # nothing beside it while it flies
@@ -67,7 +67,7 @@ def test_a_batch_without_outcomes_is_retried_after_its_life_without_charging_it(
     assert store.states() == {1: "pending", 2: "pending"}
 
 
-def test_a_dead_publisher_thread_makes_healthz_fail() -> None:
+def test_a_loop_that_stops_turning_makes_healthz_fail() -> None:
     publisher = FakePublisher()
     relay, clock = make_relay(FakeStore(), publisher)
     health = HealthServer(
@@ -83,12 +83,30 @@ def test_a_dead_publisher_thread_makes_healthz_fail() -> None:
     )
     try:
         assert health.answer("/healthz")[0] == 200
-        publisher.alive = False
+        clock.now += 31  # stuck in a call: the loop has not turned since
         status, _, body = health.answer("/healthz")
         assert status == 503
-        assert b"IO thread" in body
+        assert b"stalled" in body
     finally:
         health.stop()
+
+
+class BrokenIO(FakePublisher):
+    """The broker's IO raises (a bug in a callback): the loop must not go on without it."""
+
+    def wait(self, timeout: float) -> None:
+        raise RuntimeError("a callback raised")
+
+
+def test_a_failure_in_the_brokers_io_ends_the_loop_and_gives_the_rows_back() -> None:
+    store = FakeStore()
+    store.add(make_claimed(1), make_claimed(2))
+    relay, _ = make_relay(store, BrokenIO(hold=True))
+    with pytest.raises(RuntimeError, match="a callback raised"):
+        relay.run()
+    relay.release_all("relay crashed")
+    assert relay.in_flight == 0
+    assert set(store.states().values()) == {"pending"}
 
 
 class FailSecondResource(FakeStore):
@@ -108,9 +126,9 @@ def test_a_settlement_retried_after_a_database_failure_counts_each_circuit_once(
     store.add(make_claimed(1, exchange="a"), make_claimed(2, exchange="b"))
 
     def missing(item: Outgoing) -> Outcome:
-        return Outcome(item.ref, Fate.DESTINATION_MISSING, "404 NOT_FOUND")
+        return Outcome(item.seq, Fate.DESTINATION_MISSING, "404 NOT_FOUND")
 
-    relay, _ = make_relay(store, FakePublisher(decide=missing), batch_size=10)
+    relay, _ = make_relay(store, FakePublisher(decide=missing), claim_max=10)
     relay.run_once()
     relay.run_once()  # the second circuit's write fails: the settlement waits
     relay.run_once()  # and is written now
@@ -150,7 +168,7 @@ class CrashOnSecondClaim(FakeStore):
 def test_a_crash_abandons_what_was_sent_and_releases_what_was_not() -> None:
     store = CrashOnSecondClaim()
     store.add(make_claimed(1), make_claimed(2))
-    relay, _ = make_relay(store, FakePublisher(hold=True), batch_size=1, real_clock=True)
+    relay, _ = make_relay(store, FakePublisher(hold=True), claim_max=1, real_clock=True)
     with pytest.raises(RuntimeError):
         relay.run()
     relay.release_all("relay crashed")

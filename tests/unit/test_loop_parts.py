@@ -38,9 +38,9 @@ def test_the_summary_counts_what_the_passes_reported() -> None:
     store.add(*(make_claimed(i) for i in range(1, 8)))
 
     def decide(item: Outgoing) -> Outcome:
-        return Outcome(item.ref, Fate.REJECTED if item.ref == 4 else Fate.CONFIRMED, "nack")
+        return Outcome(item.seq, Fate.REJECTED if item.seq == 4 else Fate.CONFIRMED, "nack")
 
-    cfg = RelayConfig(db_url="sqlite://", relay_id="t", batch_size=3)
+    cfg = RelayConfig(db_url="sqlite://", relay_id="t", claim_max=3)
     wall = EPOCH + dt.timedelta(minutes=1)  # the rows were made a minute ago
     relay = wire_relay(
         store, FakePublisher(decide=decide), cfg, clock=lambda: 1000.0, wall=lambda: wall
@@ -114,7 +114,7 @@ def _after_a_claim_that_took_all_there_was() -> tuple[Relay, FakeStore, RelayCon
     now = [1000.0]
     store = FakeStore()
     store.add(make_claimed(1))
-    cfg = RelayConfig(db_url="sqlite://", relay_id="t", batch_size=10)
+    cfg = RelayConfig(db_url="sqlite://", relay_id="t", claim_max=10)
     relay = wire_relay(store, FakePublisher(hold=True), cfg, clock=lambda: now[0])
     assert relay.run_once().claimed == 1
     return relay, store, cfg, now

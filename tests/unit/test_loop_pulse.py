@@ -52,9 +52,13 @@ def running() -> Iterator[list[Relay]]:
 
 
 def started(
-    store: FakeStore, publisher: FakePublisher, running: list[Relay], **config: object
+    store: FakeStore,
+    publisher: FakePublisher,
+    running: list[Relay],
+    window: int | None = None,
+    **config: object,
 ) -> tuple[Relay, Clock]:
-    relay, clock = make_relay(store, publisher, real_clock=False, **{**SLOW, **config})
+    relay, clock = make_relay(store, publisher, window=window, **{**SLOW, **config})  # type: ignore[arg-type]
     relay.pulse.start()
     running.append(relay)
     return relay, clock
@@ -80,7 +84,7 @@ def test_nothing_is_claimed_or_sent_while_the_heartbeat_is_not_fresh(
     store = LivenessStore()
     store.add(*(make_claimed(i) for i in range(1, 5)))
     publisher = FakePublisher(hold=True)
-    relay, clock = started(store, publisher, running, batch_size=2, max_unconfirmed=1)
+    relay, clock = started(store, publisher, running, claim_max=2, window=1)
     relay.run_once()
     assert len(publisher.published) == 1  # row 1 sent, row 2 waits for the window
     store.fail_next.append("beat")
@@ -94,7 +98,7 @@ def test_nothing_is_claimed_or_sent_while_the_heartbeat_is_not_fresh(
     assert relay._wait_time() == relay.config.poll_interval  # no spinning meanwhile
     relay.pulse.beat_once()  # good again: claims and sends go on
     relay.run_once()
-    assert [i.ref for i in publisher.published] == [1, 2]
+    assert [i.seq for i in publisher.published] == [1, 2]
 
 
 def test_a_relay_declared_dead_gives_back_what_it_holds_and_carries_on(
@@ -103,7 +107,7 @@ def test_a_relay_declared_dead_gives_back_what_it_holds_and_carries_on(
     store = LivenessStore()
     store.add(*(make_claimed(i) for i in range(1, 5)))
     publisher = FakePublisher(hold=True)
-    relay, clock = started(store, publisher, running, batch_size=4, max_unconfirmed=2)
+    relay, clock = started(store, publisher, running, claim_max=4, window=2)
     relay.run_once()
     assert relay.in_flight == 4
     del store.runs["test"]  # another relay found the heartbeat stopped and took the row

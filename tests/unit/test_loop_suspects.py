@@ -66,7 +66,7 @@ def test_a_suspect_lease_given_back_unsent_ends_the_quarantine() -> None:
     store = FakeStore()
     store.add(make_claimed(1), make_claimed(2))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=2)
+    relay, _ = make_relay(store, publisher, claim_max=2)
     relay.run_once()
     store.add(make_claimed(3, suspect=True), make_claimed(4))
     relay.claimer.claim_soon()
@@ -81,7 +81,7 @@ def test_a_suspect_lease_given_back_unsent_ends_the_quarantine() -> None:
     relay.run_once()  # 1 and 2 are marked; the suspect is claimed again, and goes alone
     relay.claimer.claim_soon()
     relay.run_once()
-    assert [i.ref for i in publisher.published[2:]] == [3]
+    assert [i.seq for i in publisher.published[2:]] == [3]
     assert store.states()[4] == "pending"
     publisher.confirm_held()
     relay.run_once()

@@ -32,18 +32,18 @@ def test_no_more_than_the_window_waits_for_confirms_and_answers_refill_it() -> N
     store = FakeStore()
     store.add(*(make_claimed(i) for i in range(1, 41)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=20, max_unconfirmed=8)
+    relay, _ = make_relay(store, publisher, claim_max=20, window=8)
     relay.run_once()
     # One claim of 20; 8 handed over, in chunks of 2 (a quarter of the window).
     assert relay.in_flight == 20
     assert [len(items) for items, _ in publisher.held] == [2, 2, 2, 2]
-    assert [i.ref for i in publisher.published] == list(range(1, 9))
+    assert [i.seq for i in publisher.published] == list(range(1, 9))
     relay.run_once()  # 12 wait, less than a batch: the next batch is claimed to follow
     relay.run_once()
     assert relay.in_flight == 40  # 32 wait now: enough until the window moves
     answer(publisher, 2)
     relay.run_once()  # the answers refill the window, in claim order
-    assert [i.ref for i in publisher.published] == list(range(1, 13))
+    assert [i.seq for i in publisher.published] == list(range(1, 13))
     assert sum(len(items) for items, _ in publisher.held) == 8
     assert [store.rows[i].state for i in (1, 4, 5)] == ["published", "published", "in_flight"]
 
@@ -52,7 +52,7 @@ def test_the_next_batch_is_claimed_while_the_last_one_is_still_going_out() -> No
     store = FakeStore()
     store.add(*(make_claimed(i) for i in range(1, 101)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=10, max_unconfirmed=8)
+    relay, _ = make_relay(store, publisher, claim_max=10, window=8)
     relay.run_once()
     assert relay.in_flight == 10  # 8 sent, 2 waiting: less than a batch waits
     relay.run_once()
@@ -66,7 +66,7 @@ def test_confirmed_rows_are_marked_as_their_chunks_are_answered() -> None:
     store = CountingStore()
     store.add(*(make_claimed(i) for i in range(1, 11)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=10, max_unconfirmed=100)
+    relay, _ = make_relay(store, publisher, claim_max=10, window=100)
     relay.run_once()
     answer(publisher, 1)  # the first chunk of the claim: rows 1-10 are one chunk here
     assert len(publisher.held) == 0
@@ -75,7 +75,7 @@ def test_confirmed_rows_are_marked_as_their_chunks_are_answered() -> None:
     store2 = CountingStore()
     store2.add(*(make_claimed(i) for i in range(1, 201)))
     publisher2 = FakePublisher(hold=True)
-    relay2, _ = make_relay(store2, publisher2, batch_size=200, max_unconfirmed=256)
+    relay2, _ = make_relay(store2, publisher2, claim_max=200, window=256)
     relay2.run_once()
     assert [len(items) for items, _ in publisher2.held] == [64, 64, 64, 8]
     answer(publisher2, 1)
@@ -93,11 +93,11 @@ def test_a_failed_chunk_is_decided_alone_and_the_rest_of_its_claim_goes_on() -> 
     store.add(*(make_claimed(i) for i in range(1, 9)))
 
     def decide(item: object) -> Outcome:
-        ref = item.ref  # type: ignore[attr-defined]
+        ref = item.seq  # type: ignore[attr-defined]
         return Outcome(ref, Fate.REJECTED, "nack") if ref == 2 else Outcome(ref, Fate.CONFIRMED)
 
     publisher = FakePublisher(hold=True, decide=decide)
-    relay, _ = make_relay(store, publisher, batch_size=8, max_unconfirmed=4)  # chunks of 1
+    relay, _ = make_relay(store, publisher, claim_max=8, window=4)  # chunks of 1
     relay.run_once()
     answer(publisher, 2)
     relay.run_once()
@@ -111,7 +111,7 @@ def test_a_stop_gives_back_at_once_what_was_never_sent() -> None:
     store.add(*(make_claimed(i) for i in range(1, 21)))
     publisher = FakePublisher(hold=True)
     relay, _ = make_relay(
-        store, publisher, real_clock=True, batch_size=20, max_unconfirmed=4, drain_timeout=5
+        store, publisher, real_clock=True, claim_max=20, window=4, drain_timeout=5
     )
     relay.run_once()
     relay.request_stop()
@@ -122,22 +122,20 @@ def test_a_stop_gives_back_at_once_what_was_never_sent() -> None:
     assert [states[i] for i in range(5, 21)] == ["pending"] * 16
     assert all(store.rows[i].released == 1 for i in range(5, 21))
     assert summary.drained
-    assert [i.ref for i in publisher.published] == [1, 2, 3, 4]
+    assert [i.seq for i in publisher.published] == [1, 2, 3, 4]
 
 
 def test_an_answer_for_a_chunk_given_up_as_overdue_changes_nothing() -> None:
     store = FakeStore()
     store.add(*(make_claimed(i) for i in range(1, 5)))
     publisher = FakePublisher(hold=True)
-    relay, clock = make_relay(
-        store, publisher, confirm_timeout=2.0, lease_seconds=5.0, max_unconfirmed=2
-    )
+    relay, clock = make_relay(store, publisher, confirm_timeout=2.0, lease_seconds=5.0, window=2)
     relay.run_once()  # rows 1-2 sent (chunks of one), 3-4 wait
     clock.now += 6.1  # past 3 x the confirm timeout
     relay.run_once()  # the two chunks are given up (no attempt charged), 3 and 4 go out
     relay.run_once()
     assert [store.rows[i].state for i in (1, 2)] == ["pending", "pending"]
-    assert [i.ref for i in publisher.published] == [1, 2, 3, 4]
+    assert [i.seq for i in publisher.published] == [1, 2, 3, 4]
     answer(publisher, 4)  # late answers for 1 and 2, timely ones for 3 and 4
     relay.run_once()
     assert store.states() == {1: "pending", 2: "pending", 3: "published", 4: "published"}
@@ -150,7 +148,7 @@ def test_an_answer_keeps_its_room_in_the_window_until_it_is_written() -> None:
     store = FakeStore()
     store.add(*(make_claimed(i) for i in range(1, 9)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=8, max_unconfirmed=4)
+    relay, _ = make_relay(store, publisher, claim_max=8, window=4)
     relay.run_once()
     assert len(publisher.published) == 4
     store.fail_next.append("mark")
@@ -160,14 +158,14 @@ def test_an_answer_keeps_its_room_in_the_window_until_it_is_written() -> None:
     assert store.states()[1] == "in_flight"
     relay.run_once()  # marked now, and the window refills
     assert [store.rows[i].state for i in range(1, 5)] == ["published"] * 4
-    assert [i.ref for i in publisher.published] == list(range(1, 9))
+    assert [i.seq for i in publisher.published] == list(range(1, 9))
 
 
 def test_rows_waiting_for_the_window_go_back_when_the_broker_cannot_take_them() -> None:
     store = FakeStore()
     store.add(*(make_claimed(i) for i in range(1, 9)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=8, max_unconfirmed=2)
+    relay, _ = make_relay(store, publisher, claim_max=8, window=2)
     relay.run_once()
     assert relay.in_flight == 8  # 2 sent, 6 waiting
     publisher.ready = False  # the connection is lost: the publisher answers for what it had
@@ -175,7 +173,7 @@ def test_rows_waiting_for_the_window_go_back_when_the_broker_cannot_take_them() 
     assert relay.run_once().released == 6  # the rest are not held leased through the outage
     assert [store.rows[i].released for i in range(3, 9)] == [1] * 6
     assert relay.in_flight == 0
-    assert [i.ref for i in publisher.published] == [1, 2]
+    assert [i.seq for i in publisher.published] == [1, 2]
 
 
 def test_a_backlog_grows_the_default_window_and_its_end_shrinks_it() -> None:
@@ -194,7 +192,7 @@ def test_a_backlog_grows_the_default_window_and_its_end_shrinks_it() -> None:
         relay.run_once()
         clock.now += 0.005
     grown = window.size
-    assert first < grown <= relay.config.max_unconfirmed
+    assert first < grown <= relay.config.max_in_flight
     while publisher.held or store.states().get(30_000) != "published":
         answer(publisher, len(publisher.held))
         relay.run_once()
@@ -212,7 +210,7 @@ def test_a_backlog_grows_the_default_window_and_its_end_shrinks_it() -> None:
 
 
 def test_chains_are_held_to_max_unconfirmed_and_rows_beside_them_to_the_window() -> None:
-    """Chains of 30, each taking a piece: they go up to max_unconfirmed, past the first window
+    """Chains of 30, each taking a chunk: they go up to max_unconfirmed, past the first window
     (256), and do not count as held back by it (their rounds are one confirm per message, not a
     queue at the broker). Rows to send side by side wait for the window, and do count."""
     store = FakeStore()

@@ -68,8 +68,8 @@ class Broken:
 
     def __call__(self, item: Outgoing) -> Outcome:
         if self.broken and item.exchange == self.exchange:
-            return Outcome(item.ref, Fate.DESTINATION_MISSING, "404 NOT_FOUND - no exchange")
-        return Outcome(item.ref, Fate.CONFIRMED)
+            return Outcome(item.seq, Fate.DESTINATION_MISSING, "404 NOT_FOUND - no exchange")
+        return Outcome(item.seq, Fate.CONFIRMED)
 
 
 def drive(relay: Relay, passes: int = 6) -> None:
@@ -87,7 +87,7 @@ def test_a_broken_exchange_opens_its_circuit_and_stops_taking_places_in_batches(
     add(store, "bad", range(1, 6))  # five failures: three burn and open it, two are free
     add(store, "good", range(100, 105))
     broken = Broken("bad")
-    relay = make(store, FakePublisher(decide=broken), batch_size=10)
+    relay = make(store, FakePublisher(decide=broken), claim_max=10)
     drive(relay)
     assert circuit_state(store, "bad") is CircuitState.OPEN
     assert [store.rows[s].burned for s in range(1, 6)] == [1, 1, 1, 0, 0]
@@ -99,7 +99,7 @@ def test_a_broken_exchange_opens_its_circuit_and_stops_taking_places_in_batches(
     drive(relay)
     assert all(store.rows[s].state == "published" for s in range(200, 230))
     assert [store.rows[s].state for s in range(6, 9)] == ["pending"] * 3
-    assert not any(p.ref in (6, 7, 8) for p in relay.publisher.published)  # type: ignore[attr-defined]
+    assert not any(p.seq in (6, 7, 8) for p in relay.publisher.published)  # type: ignore[attr-defined]
 
 
 def test_after_the_cooldown_one_message_probes_and_its_confirm_closes_the_circuit() -> None:
@@ -164,7 +164,7 @@ def test_connection_losses_open_no_circuit() -> None:
     add(store, "ex", range(1, 10))
 
     def lost(item: Outgoing) -> Outcome:
-        return Outcome(item.ref, Fate.UNCONFIRMED, "connection closed", connection_lost=True)
+        return Outcome(item.seq, Fate.UNCONFIRMED, "connection closed", connection_lost=True)
 
     relay = make(store, FakePublisher(decide=lost))
     drive(relay, passes=2)
@@ -180,7 +180,7 @@ def test_a_rate_limited_resource_gets_its_tokens_and_the_rest_flows_freely() -> 
     add(store, "fast", range(1000, 1100))
     publisher = FakePublisher()
     clock = Clock()
-    relay = make(store, publisher, clock=clock, rate_limits={"slow": 10.0}, batch_size=500)
+    relay = make(store, publisher, clock=clock, rate_limits={"slow": 10.0}, claim_max=500)
     drive(relay, passes=3)
     slow_sent = sum(1 for s in range(1, 101) if store.rows[s].state == "published")
     assert slow_sent == 10  # a full bucket: one second's worth

@@ -29,8 +29,15 @@ class Clock:
 
 
 def make_relay(
-    store: FakeStore, publisher: FakePublisher, *, real_clock: bool = False, **config: object
+    store: FakeStore,
+    publisher: FakePublisher,
+    *,
+    real_clock: bool = False,
+    window: int | None = None,
+    **config: object,
 ) -> tuple[Relay, Clock]:
+    """A relay on fakes; `window`: a window of that size, fixed (its sizing is
+    tests/unit/test_window.py's)."""
     clock = Clock()
     cfg = RelayConfig(db_url="sqlite://", relay_id="test", **config)  # type: ignore[arg-type]
     relay = wire_relay(
@@ -41,11 +48,8 @@ def make_relay(
         wall=lambda: EPOCH + dt.timedelta(minutes=1),
         rng=random.Random(5),
     )
-    if "max_unconfirmed" in config:
-        # A test that names the window means a window of that size: its sizing is
-        # tests/unit/test_window.py's.
-        size = cfg.max_unconfirmed
-        relay.claimer.window = Window(size, start=size, floor=size)
+    if window is not None:
+        relay.claimer.window = Window(window, start=window, floor=window)
     return relay, clock
 
 
@@ -54,11 +58,11 @@ def test_confirmed_rows_are_marked_and_failures_decided_by_the_policy() -> None:
     store.add(*(make_claimed(i) for i in range(1, 6)))
 
     def decide(item: Outgoing) -> Outcome:
-        if item.ref == 2:
-            return Outcome(item.ref, Fate.UNROUTABLE, "312 NO_ROUTE")
-        if item.ref == 3:
-            return Outcome(item.ref, Fate.REJECTED, "nack")
-        return Outcome(item.ref, Fate.CONFIRMED)
+        if item.seq == 2:
+            return Outcome(item.seq, Fate.UNROUTABLE, "312 NO_ROUTE")
+        if item.seq == 3:
+            return Outcome(item.seq, Fate.REJECTED, "nack")
+        return Outcome(item.seq, Fate.CONFIRMED)
 
     # Unroutable is permanent, here with no grace: dead with its reason; a nack is retried later.
     no_grace = RetryPolicy(unroutable_grace=0.0)
@@ -82,7 +86,7 @@ def test_in_flight_is_bounded_by_max_in_flight() -> None:
     store = FakeStore()
     store.add(*(make_claimed(i) for i in range(1, 101)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=10, max_in_flight=25)
+    relay, _ = make_relay(store, publisher, claim_max=10, max_in_flight=25)
     for _ in range(10):
         relay.run_once()
     assert relay.in_flight == 25  # 10 + 10 + 5, then no room
@@ -127,7 +131,7 @@ def test_a_malformed_row_is_dead_lettered_with_its_reason_and_the_rest_go_out() 
     relay, _ = make_relay(store, publisher)
     relay.run_once()
     relay.run_once()
-    assert [i.ref for i in publisher.published] == [2]
+    assert [i.seq for i in publisher.published] == [2]
     assert store.states() == {1: "dead", 2: "published"}
     assert store.rows[1].error is not None
     assert "malformed" in store.rows[1].error
@@ -156,9 +160,9 @@ def test_backpressure_and_never_sent_defer_without_burning_attempts() -> None:
     store.add(make_claimed(1), make_claimed(2), make_claimed(3))
 
     def decide(item: Outgoing) -> Outcome:
-        if item.ref == 1:
+        if item.seq == 1:
             return Outcome(1, Fate.UNCONFIRMED, "confirm timeout", while_blocked=True)
-        if item.ref == 2:
+        if item.seq == 2:
             return Outcome(2, Fate.NOT_SENT, "no open channel")
         return Outcome(3, Fate.UNCONFIRMED, "connection lost")
 
@@ -213,7 +217,7 @@ def test_a_full_window_waits_for_a_settlement_instead_of_spinning() -> None:
     store = FakeStore()
     store.add(*(make_claimed(i) for i in range(1, 30)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, batch_size=10, max_in_flight=10, poll_interval=0.5)
+    relay, _ = make_relay(store, publisher, claim_max=10, max_in_flight=10, poll_interval=0.5)
     relay.run_once()
     assert relay.in_flight == 10
     assert relay._wait_time() == 0.5  # blocks on the inbox; a finished batch wakes it

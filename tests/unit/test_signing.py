@@ -18,6 +18,7 @@ from standardwebhooks import Webhook
 
 import outbox
 from outbox.signing import InvalidSecret, Signer, new_secret, secret_keys, signer, verify
+from relay.amqp.frames import decode_properties
 from relay.amqp.wire import to_outgoing
 from relay.cli import main as cli
 from relay.core.signing import keyring_of, keys_text, keys_toml
@@ -257,24 +258,24 @@ def test_the_wire_message_is_signed_over_its_exact_body() -> None:
     row = claimed(body)
     out = to_outgoing(row, signer=signer(SECRETS[0]))
     assert out.body is body or out.body == body
-    headers = out.properties.headers
+    headers = decode_properties(out.header).headers
     assert headers["tenant"] == "a"
-    assert headers["webhook-id"] == str(row.id) == out.properties.message_id
+    assert headers["webhook-id"] == str(row.id) == decode_properties(out.header).message_id
     verify(out.body, headers, SECRETS[0])
-    assert "webhook-signature" not in (to_outgoing(row).properties.headers or {})
+    assert "webhook-signature" not in (decode_properties(to_outgoing(row).header).headers or {})
 
 
 def test_a_callers_webhook_header_is_replaced_by_the_signature() -> None:
     row = claimed(b"{}", headers={"webhook-signature": "v1,forged"})
     out = to_outgoing(row, signer=signer(SECRETS[0]))
-    assert out.properties.headers["webhook-signature"] != "v1,forged"
-    verify(b"{}", out.properties.headers, SECRETS[0])
+    assert decode_properties(out.header).headers["webhook-signature"] != "v1,forged"
+    verify(b"{}", decode_properties(out.header).headers, SECRETS[0])
 
 
 def test_the_signature_headers_count_towards_the_frame() -> None:
     row = claimed(b"{}", headers={"h": "x" * 300})
     unsigned = to_outgoing(row, frame_max=4096)
-    assert unsigned.properties.headers is not None
+    assert decode_properties(unsigned.header).headers is not None
     with pytest.raises(MalformedRow, match="frame_max"):
         to_outgoing(row, frame_max=600, signer=signer(",".join(SECRETS)))
 

@@ -25,8 +25,8 @@ def test_each_unroutable_destination_is_logged_once_per_episode(
 
     def decide(item: Outgoing) -> Outcome:
         if (item.exchange, item.routing_key) in routable:
-            return Outcome(item.ref, Fate.CONFIRMED)
-        return Outcome(item.ref, Fate.UNROUTABLE, "312 NO_ROUTE")
+            return Outcome(item.seq, Fate.CONFIRMED)
+        return Outcome(item.seq, Fate.UNROUTABLE, "312 NO_ROUTE")
 
     store = FakeStore()
     store.add(make_claimed(1), make_claimed(2), make_claimed(3, routing_key="other"))

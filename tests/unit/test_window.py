@@ -133,4 +133,4 @@ def test_no_outcomes_no_epoch() -> None:
 def test_a_chains_piece_always_fits_in_the_smallest_window() -> None:
     from relay.loop import chains
 
-    assert FLOOR >= chains.PIECE  # or a hot key could wait for room that never comes
+    assert FLOOR >= chains.CHUNK  # or a hot key could wait for room that never comes

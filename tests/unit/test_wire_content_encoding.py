@@ -13,8 +13,8 @@ import pytest
 from kombu import serialization
 from kombu.exceptions import DecodeError
 
-from outbox.amqp_codec import Properties
 from outbox.encoding import BYTES_TYPE, JSON_TYPE, TEXT_TYPE, encode_payload
+from relay.amqp.frames import decode_properties
 from relay.amqp.wire import content_encoding, to_outgoing
 from relay.ports import Claimed, MalformedRow
 
@@ -70,7 +70,8 @@ ENCODINGS: list[tuple[str, str]] = [
 @pytest.mark.parametrize(("content_type", "expected"), ENCODINGS, ids=[e[0] for e in ENCODINGS])
 def test_content_encoding_follows_the_content_type(content_type: str, expected: str) -> None:
     assert content_encoding(content_type) == expected
-    assert to_outgoing(row(content_type=content_type)).properties.content_encoding == expected
+    out = to_outgoing(row(content_type=content_type))
+    assert decode_properties(out.header).content_encoding == expected
 
 
 PAYLOADS: list[tuple[str, object, str, str]] = [
@@ -94,7 +95,7 @@ def test_kombu_decodes_what_enqueue_encoded(
     properties kombu's own decoder turns back into the payload: bytes stay bytes."""
     encoded = encode_payload(payload, None, max_bytes=1 << 20)
     out = to_outgoing(row(payload=encoded.body, content_type=encoded.content_type))
-    props = out.properties
+    props = decode_properties(out.header)
     assert (props.content_type, props.content_encoding) == (content_type, encoding)
     assert loads(out.body, props.content_type, props.content_encoding) == payload
 
@@ -117,7 +118,7 @@ def test_the_measured_frame_counts_the_encoding(
     a row measured at its frame size passes, one byte less is refused."""
     spoilt = row(content_type=content_type, headers=headers, key="k")
     out = to_outgoing(spoilt)
-    size = 7 + 12 + sum(len(p) for p in Properties.encode(out.properties)) + 1
-    assert to_outgoing(spoilt, frame_max=size).properties.content_encoding
+    size = 7 + len(out.header) + 1  # the content header frame, framing included
+    assert decode_properties(to_outgoing(spoilt, frame_max=size).header).content_encoding
     with pytest.raises(MalformedRow, match="frame_max"):
         to_outgoing(spoilt, frame_max=size - 1)

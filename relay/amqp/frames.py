@@ -1,0 +1,103 @@
+"""A message's AMQP 0-9-1 frames, written by the relay itself.
+
+pika builds every publish from objects: a `Basic.Publish` method, a `BasicProperties` encoded
+field by field, three frame objects marshalled one by one. For small messages that is most of
+the relay's own CPU per message. The relay sends one kind of message only (basic.publish,
+mandatory, with six properties at most), so it encodes the parts once per message, when the row
+becomes a message (relay/amqp/wire.py), and frames them with the channel's number when it sends
+(`frame`): a few `struct.pack` calls. pika still owns the connection, the channels, confirms,
+returns and heartbeats, and writes these bytes to its socket like its own.
+
+The layout is the specification's (AMQP 0-9-1, 4.2.3 frames, 4.2.6 content; the Basic class's
+property flags); tests/unit/test_amqp_frames.py checks it against pika's own encoder.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pika
+
+from outbox.amqp_codec import encode_table, install_float_decoding
+
+_METHOD, _HEADER, _BODY = 1, 2, 3  # frame types
+_END = b"\xce"
+_FRAME = struct.Struct(">BHI")  # type, channel, payload size
+_FRAME_OVERHEAD = _FRAME.size + len(_END)
+BASIC = 60
+_PUBLISH = struct.pack(">HHH", BASIC, 40, 0)  # class, method basic.publish, reserved ticket
+_MANDATORY = b"\x01"  # the bits: mandatory set, immediate clear
+_HEADER_START = struct.Struct(">HHQ")  # class, weight (0), body size
+
+# The Basic class's property flags, in the order the properties follow them.
+CONTENT_TYPE = 1 << 15
+CONTENT_ENCODING = 1 << 14
+HEADERS = 1 << 13
+DELIVERY_MODE = 1 << 12
+MESSAGE_ID = 1 << 7
+TIMESTAMP = 1 << 6
+
+
+def shortstr(text: str) -> bytes:
+    """An AMQP short string (the caller has checked it fits in 255 bytes)."""
+    raw = text.encode("utf-8")
+    return bytes((len(raw),)) + raw
+
+
+def publish_method(exchange: str, routing_key: str) -> bytes:
+    """The payload of a basic.publish method frame, mandatory."""
+    return _PUBLISH + shortstr(exchange) + shortstr(routing_key) + _MANDATORY
+
+
+def properties(
+    *,
+    content_type: str,
+    content_encoding: str,
+    headers: dict[str, Any] | None,
+    delivery_mode: int,
+    message_id: str,
+    timestamp: int,
+) -> bytes:
+    """The property flags and list of a content header (floats in headers as doubles)."""
+    flags = CONTENT_TYPE | CONTENT_ENCODING | DELIVERY_MODE | MESSAGE_ID | TIMESTAMP
+    pieces = [b"", shortstr(content_type), shortstr(content_encoding)]
+    if headers:
+        flags |= HEADERS
+        encode_table(pieces, headers)
+    pieces += [bytes((delivery_mode,)), shortstr(message_id), struct.pack(">Q", timestamp)]
+    pieces[0] = struct.pack(">H", flags)
+    return b"".join(pieces)
+
+
+def header(body_size: int, props: bytes) -> bytes:
+    """The payload of a content header frame for a body of `body_size` bytes."""
+    return _HEADER_START.pack(BASIC, 0, body_size) + props
+
+
+def header_frame_size(props: bytes) -> int:
+    """Bytes of the content header frame with these properties, framing included (it must fit
+    in the connection's frame_max)."""
+    return _FRAME_OVERHEAD + _HEADER_START.size + len(props)
+
+
+def frame(channel: int, method: bytes, head: bytes, body: bytes, frame_max: int) -> bytes:
+    """Every frame of one message on `channel`, as one piece of bytes: the method, the content
+    header, and the body cut into frames of at most `frame_max` bytes (none when it is empty)."""
+    pack = _FRAME.pack
+    parts = [pack(_METHOD, channel, len(method)), method, _END,
+             pack(_HEADER, channel, len(head)), head, _END]  # fmt: skip
+    room = frame_max - _FRAME_OVERHEAD
+    for start in range(0, len(body), room):
+        chunk = body[start : start + room]
+        parts += [pack(_BODY, channel, len(chunk)), chunk, _END]
+    return b"".join(parts)
+
+
+def decode_properties(head: bytes) -> pika.BasicProperties:
+    """The properties of a content header payload (`header`), as a consumer reads them: for
+    tests and tools; floats decode as floats (it installs outbox's decoding, process-wide)."""
+    install_float_decoding()
+    props = pika.BasicProperties()
+    props.decode(head, _HEADER_START.size)
+    return props
