@@ -179,7 +179,7 @@ def test_rows_waiting_for_the_window_go_back_when_the_broker_cannot_take_them() 
 def test_a_backlog_grows_the_default_window_and_its_end_shrinks_it() -> None:
     """The loop feeds the window (relay/core/window.py): with every setting at its default, a
     backlog the broker answers a round later grows it from its first size towards ROUND
-    seconds of the rate, never past max_unconfirmed; once the work stops filling it, it
+    seconds of the rate, never past max_in_flight; once the work stops filling it, it
     shrinks."""
     store = FakeStore()
     store.add(*(make_claimed(i) for i in range(1, 30_001)))
@@ -209,8 +209,8 @@ def test_a_backlog_grows_the_default_window_and_its_end_shrinks_it() -> None:
     assert window.size < grown
 
 
-def test_chains_are_held_to_max_unconfirmed_and_rows_beside_them_to_the_window() -> None:
-    """Chains of 30, each taking a chunk: they go up to max_unconfirmed, past the first window
+def test_chains_are_held_to_max_in_flight_and_rows_beside_them_to_the_window() -> None:
+    """Chains of 30, each taking a chunk: they go up to max_in_flight, past the first window
     (256), and do not count as held back by it (their rounds are one confirm per message, not a
     queue at the broker). Rows to send side by side wait for the window, and do count."""
     store = FakeStore()
