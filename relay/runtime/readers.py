@@ -2,7 +2,7 @@
 
 Each reader turns a flag's or a variable's text into a value, or raises ValueError with a message
 that starts with the text: "'abc' is not an integer". A reader that is also a Rule checks a value
-given in code (RelayConfig(batch_size=0)) by the same rule, so each rule is written once, here:
+given in code (RelayConfig(max_in_flight=0)) by the same rule, so each rule is written once, here:
 RelayConfig declares which reader's rule each of its fields keeps.
 """
 

@@ -52,7 +52,7 @@ BROKER_COMMANDS = frozenset({"run", "demo", "demo-producer", "demo-consumer", "t
 class Setting:
     """One option of the relay: its flag, its environment variable, and who reads it."""
 
-    flag: str  # "--batch-size"; its dest ("batch_size") names the setting
+    flag: str  # "--max-in-flight"; its dest ("max_in_flight") names the setting
     env: str | None  # the environment variable; None: a flag only
     target: str  # what it sets in RelayConfig, dotted for a part of one: "policy.max_age"
     read: Callable[[str], Any]  # text -> value (relay/runtime/readers.py)
