@@ -1,8 +1,8 @@
 """The relay's HTTP endpoint: /healthz (liveness), /readyz (readiness) and /metrics (Prometheus).
 
-    /healthz  200 while the loop turns able to publish (it did within `stale_after` seconds,
-              and `problem` names none), else 503 with the reason: a stuck relay, or one whose
-              publisher's IO thread died, is restarted by its orchestrator.
+    /healthz  200 while the loop turns (it did within `stale_after` seconds, and `problem`
+              names none), else 503 with the reason: a stuck relay, or one whose heartbeat
+              fails, is restarted by its orchestrator.
     /readyz   200 when the database answers and the broker connection is open, else 503 with a
               JSON body saying which is not; `broker_node` names the node (host:port) of the
               broker, or of its cluster, the relay is connected to.
