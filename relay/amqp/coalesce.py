@@ -21,6 +21,7 @@ and every frame goes out as pika writes it: slower, never wrong.
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,16 +55,30 @@ class CoalescingConnection(SelectConnection):  # type: ignore[misc]  # pika is u
         if held:
             # No transport: the connection closed meanwhile, and pika drops what it would write.
             if getattr(self, "_transport", None) is not None:
-                super()._adapter_emit_data(b"".join(held))
-                self._send_now()
+                self._send_now(b"".join(held))
             held.clear()
         self._held_bytes = 0
 
-    def _send_now(self) -> None:
-        """Have the transport send its buffer now, as pika does when the socket turns writable
-        (a would-block leaves the rest for that; any other error aborts the connection, as
+    def _send_now(self, data: bytes) -> None:
+        """Send `data` now, as much as the socket takes; pika's transport buffers the rest and
+        sends it when the socket turns writable. On a plain socket with nothing buffered before
+        it, straight to the socket (pika's transport would register for writability and back for
+        each write: two system calls a message more for a chain); otherwise through the
+        transport, which is then asked to send at once (any error aborts the connection, as
         pika's own write would)."""
         transport = self._transport
+        sock = getattr(transport, "_sock", None)
+        if type(sock) is socket.socket and not transport.get_write_buffer_size():
+            try:
+                sent = sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                sent = 0  # pika's transport meets the same error below and aborts
+            if sent == len(data):
+                return
+            data = data[sent:]
+        super()._adapter_emit_data(data)
         if transport.get_write_buffer_size() and hasattr(transport, "_on_socket_writable"):
             transport._on_socket_writable()
 

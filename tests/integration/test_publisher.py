@@ -162,16 +162,17 @@ def _answers(
 
 
 def _spy_writes(publisher: Publisher) -> list[bytes]:
-    """What the publisher's connection hands its transport from now on, one entry per write."""
+    """What the publisher's connection sends from now on, one entry per write (to the socket,
+    or to pika's transport for what the socket did not take)."""
     writes: list[bytes] = []
-    transport = publisher._conn._transport
-    write = transport.write
+    conn = publisher._conn
+    send_now = conn._send_now
 
     def spied(data: bytes) -> None:
         writes.append(bytes(data))
-        write(data)
+        send_now(data)
 
-    transport.write = spied
+    conn._send_now = spied
     return writes
 
 
