@@ -50,23 +50,32 @@ def publish_method(exchange: str, routing_key: str) -> bytes:
     return _PUBLISH + shortstr(exchange) + shortstr(routing_key) + _MANDATORY
 
 
+def content_fields(content_type: str, content_encoding: str) -> bytes:
+    """The content type and content encoding properties, encoded (`properties` takes them)."""
+    return shortstr(content_type) + shortstr(content_encoding)
+
+
+_BARE = struct.pack(">H", CONTENT_TYPE | CONTENT_ENCODING | DELIVERY_MODE | MESSAGE_ID | TIMESTAMP)
+_WITH_HEADERS = struct.pack(
+    ">H", CONTENT_TYPE | CONTENT_ENCODING | HEADERS | DELIVERY_MODE | MESSAGE_ID | TIMESTAMP
+)
+_TIMESTAMP = struct.Struct(">Q")
+
+
 def properties(
     *,
-    content_type: str,
-    content_encoding: str,
+    content: bytes,
     headers: dict[str, Any] | None,
     delivery_mode: int,
     message_id: str,
     timestamp: int,
 ) -> bytes:
-    """The property flags and list of a content header (floats in headers as doubles)."""
-    flags = CONTENT_TYPE | CONTENT_ENCODING | DELIVERY_MODE | MESSAGE_ID | TIMESTAMP
-    pieces = [b"", shortstr(content_type), shortstr(content_encoding)]
+    """The property flags and list of a content header: `content` from `content_fields`, then
+    the headers (floats as doubles), delivery mode, message id and timestamp."""
+    pieces = [_WITH_HEADERS if headers else _BARE, content]
     if headers:
-        flags |= HEADERS
         encode_table(pieces, headers)
-    pieces += [bytes((delivery_mode,)), shortstr(message_id), struct.pack(">Q", timestamp)]
-    pieces[0] = struct.pack(">H", flags)
+    pieces += [bytes((delivery_mode,)), shortstr(message_id), _TIMESTAMP.pack(timestamp)]
     return b"".join(pieces)
 
 

@@ -52,10 +52,14 @@ def to_outgoing(
     `traceparent`/`tracestate` replace the stored ones (the relay's send span, when tracing is
     on); `frame_max` is the connection's, which the header frame must fit in; `signer` adds the
     Standard Webhooks headers (outbox/signing.py), signed now over the body as sent."""
-    exchange = _shortstr("exchange", row.exchange)
-    routing_key = _shortstr("routing_key", row.routing_key)
-    content_type = _shortstr("content_type", row.content_type)
-    encoding = content_encoding(content_type)
+    exchange, routing_key, content_type = row.exchange, row.routing_key, row.content_type
+    if type(exchange) is not str or type(routing_key) is not str:
+        _shortstr("exchange", exchange)  # one of them is not text: this names it
+        _shortstr("routing_key", routing_key)
+    method = _publish_method(exchange, routing_key)
+    if type(content_type) is not str:
+        _text("content_type", content_type)  # raises, naming it
+    content = _content(content_type)
     body = row.payload
     if type(body) is not bytes:
         if not isinstance(body, bytearray | memoryview):
@@ -82,8 +86,7 @@ def to_outgoing(
     if created not in _TIMESTAMP:
         raise MalformedRow(f"created_at {row.created_at} is before 1970")
     props = frames.properties(  # float headers as AMQP doubles (outbox/amqp_codec.py)
-        content_type=content_type,
-        content_encoding=encoding,
+        content=content,
         headers=headers,
         delivery_mode=PERSISTENT,
         message_id=message_id,
@@ -95,10 +98,26 @@ def to_outgoing(
             f"headers: the properties encode to a {size}-byte frame, over the broker's "
             f"frame_max of {frame_max} bytes"
         )
-    method = frames.publish_method(exchange, routing_key)
     return Outgoing(
         row.seq, message_id, exchange, routing_key, body, method, frames.header(len(body), props)
     )
+
+
+# A relay sends to a handful of destinations with a handful of content types: each is checked
+# and encoded once, not once a message (a value that fails raises, and is not cached).
+@functools.lru_cache(maxsize=4096)
+def _publish_method(exchange: str, routing_key: str) -> bytes:
+    """The basic.publish arguments for a destination, its names checked."""
+    return frames.publish_method(
+        _shortstr("exchange", exchange), _shortstr("routing_key", routing_key)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _content(content_type: str) -> bytes:
+    """A content type and the content encoding derived from it, checked and encoded."""
+    checked = _shortstr("content_type", content_type)
+    return frames.content_fields(checked, content_encoding(checked))
 
 
 def with_properties(ref: int, exchange: str, routing_key: str, body: bytes, props: Any) -> Outgoing:

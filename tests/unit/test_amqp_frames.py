@@ -42,7 +42,11 @@ def test_a_message_is_framed_as_pika_frames_it(headers: dict[str, Any] | None, b
         "message_id": "0b9e3f4c-8a0e-4a8e-9d5c-3b1f2e6a7c90",
         "timestamp": 1_764_400_000,
     }
-    props = frames.properties(headers=headers, **fields)
+    content = frames.content_fields(fields["content_type"], fields["content_encoding"])
+    props = frames.properties(
+        content=content, headers=headers, delivery_mode=2, message_id=fields["message_id"],
+        timestamp=fields["timestamp"],
+    )  # fmt: skip
     ours = frames.frame(
         7, frames.publish_method("orders", "order.created"), frames.header(len(body), props),
         body, FRAME_MAX,
@@ -54,7 +58,7 @@ def test_a_message_is_framed_as_pika_frames_it(headers: dict[str, Any] | None, b
 
 def test_the_header_frame_size_is_what_goes_on_the_wire() -> None:
     props = frames.properties(
-        content_type="text/plain", content_encoding="utf-8", headers={"a": "b"},
+        content=frames.content_fields("text/plain", "utf-8"), headers={"a": "b"},
         delivery_mode=2, message_id="m", timestamp=0,
     )  # fmt: skip
     whole = frames.frame(1, frames.publish_method("", "q"), frames.header(0, props), b"", FRAME_MAX)
