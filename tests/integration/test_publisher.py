@@ -51,7 +51,7 @@ def test_a_stopped_publisher_holds_no_file_descriptors(amqp_url: str) -> None:
 
 
 def test_a_publisher_that_failed_to_start_holds_no_file_descriptors(
-    thread_errors: list[BaseException],  # how the IO thread ends is the next test's business
+    thread_errors: list[BaseException],  # no thread may fail meanwhile
 ) -> None:
     before = open_fds()
     publisher = Publisher(UNREACHABLE)

@@ -177,12 +177,13 @@ def test_a_pika_instrumentor_installed_after_the_relay_started_leaves_its_messag
     assert traceparent.split("-")[2] == f"{send.context.span_id:016x}"
 
 
-def test_the_publishers_thread_runs_with_instrumentation_suppressed(amqp_url: str) -> None:
+def test_the_publishers_work_runs_with_instrumentation_suppressed(amqp_url: str) -> None:
     publisher = Publisher(amqp_url)
     publisher.start()
     seen: list[bool] = []
     try:
-        # `done` runs on the publisher's IO thread, where every publish happens.
+        # `done` runs inside the publisher's work (at once here: nothing to send), where every
+        # publish happens; the caller's context is as it was once publish() returns.
         publisher.publish([], lambda _outcomes: seen.append(is_instrumentation_enabled()))
         wait_until(lambda: seen, what="the publisher's callback")
     finally:

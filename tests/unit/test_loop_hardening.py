@@ -48,7 +48,7 @@ def test_a_suspect_is_published_alone_and_nothing_is_claimed_beside_it() -> None
 def test_a_batch_without_outcomes_is_retried_after_its_life_without_charging_it() -> None:
     store = FakeStore()
     store.add(make_claimed(1), make_claimed(2))
-    publisher = FakePublisher(hold=True)  # the IO thread died: `done` never comes
+    publisher = FakePublisher(hold=True)  # a bug lost the answer: `done` never comes
     relay, clock = make_relay(store, publisher, confirm_timeout=2.0, lease_seconds=5.0)
     relay.run_once()
     assert relay.in_flight == 2
