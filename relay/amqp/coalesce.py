@@ -83,7 +83,7 @@ class CoalescingConnection(SelectConnection):  # type: ignore[misc]  # pika is u
             transport._on_socket_writable()
 
     def send_frames(self, data: bytes) -> None:
-        """Write frames made outside pika (relay/amqp/frames.py), counted as pika counts its own."""
+        """Write frames made outside pika (relay/amqp/frames.py); pika counts their bytes."""
         self._output_marshaled_frames((data,))
 
     @contextlib.contextmanager

@@ -174,6 +174,7 @@ SETTINGS: tuple[Setting, ...] = (
             replaced="--max-unconfirmed is --max-in-flight now: the one flow-control limit"),
     Setting("--batch-size", "OUTBOX_BATCH_SIZE", "", positive_int,
             "no effect: claims take what room --max-in-flight leaves", metavar="N",
+            show=lambda _: "-",
             replaced="--batch-size has no effect: each claim takes what room --max-in-flight "
             "leaves (500 rows a statement at most)"),
     Setting("--heartbeat-interval", "OUTBOX_HEARTBEAT_INTERVAL", "heartbeat_interval",
@@ -284,8 +285,8 @@ def resolve(command: str, flags: Mapping[str, Any], environ: Mapping[str, str]) 
     for setting in SETTINGS:
         if flags.get(setting.dest) is not None:
             value = flags[setting.dest]
-        elif setting.env and setting.used_by(command) and _given(setting, environ):
-            value = setting.from_env(environ[setting.env])
+        elif _from_env(setting, command, environ):
+            value = setting.from_env(environ[setting.env or ""])
         else:
             continue
         if setting.replaced is not None and (not setting.target or setting.target in values):
@@ -300,11 +301,13 @@ def replaced(command: str, flags: Mapping[str, Any], environ: Mapping[str, str])
         setting.replaced
         for setting in SETTINGS
         if setting.replaced is not None
-        and (
-            flags.get(setting.dest) is not None
-            or (setting.env and setting.used_by(command) and _given(setting, environ))
-        )
+        and (flags.get(setting.dest) is not None or _from_env(setting, command, environ))
     ]
+
+
+def _from_env(setting: Setting, command: str, environ: Mapping[str, str]) -> bool:
+    """Whether `command` takes this setting from its variable."""
+    return bool(setting.env) and setting.used_by(command) and _given(setting, environ)
 
 
 def _given(setting: Setting, environ: Mapping[str, str]) -> bool:
