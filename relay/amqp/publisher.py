@@ -28,6 +28,7 @@ import itertools
 import logging
 import select
 import selectors
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -106,6 +107,10 @@ class Publisher:
         self._confirm_timeout = confirm_timeout
         self._ioloop = IOLoop()
         self._started = False  # the poller is active: wait() does IO, stop() has work to do
+        # interrupt() writes a byte here, which ends a poll: pika's own wake-up takes a lock,
+        # which a signal handler must not (the thread it interrupts may hold it).
+        self._woken: socket.socket | None = None  # its read end, polled from start() to stop()
+        self._wake: socket.socket | None = None
         self._conn: Any = None
         self._chans: OrderedDict[str, Chan] = OrderedDict()  # least recently used first
         self._chains = Chains(self._next_in_chain)
@@ -131,7 +136,11 @@ class Publisher:
         wrapped = wrapped_pika()
         if wrapped:
             log.info("broker.instrumentation_bypassed", extra={"wrapped": ",".join(wrapped)})
+        self._woken, self._wake = socket.socketpair()
+        self._woken.setblocking(False)
+        self._wake.setblocking(False)
         self._ioloop.activate_poller()
+        self._ioloop.add_handler(self._woken.fileno(), self._drain_wake_ups, PollEvents.READ)
         self._started = True
         with untraced():
             self._connect()
@@ -162,9 +171,18 @@ class Publisher:
         loop.remove_timeout(bound)
 
     def interrupt(self) -> None:
-        """End the current or next `wait()` at once. Safe from any thread and signal handler."""
-        if self._started:
-            self._ioloop.add_callback_threadsafe(_nothing)
+        """End the current or next `wait()` at once. Safe from any thread and signal handler:
+        one non-blocking send, no lock."""
+        wake = self._wake
+        if wake is not None:
+            with contextlib.suppress(OSError):  # a byte is pending already, or it just closed
+                wake.send(b"\0")
+
+    def _drain_wake_ups(self, _fd: int, _events: int) -> None:
+        woken = self._woken
+        with contextlib.suppress(OSError):  # drained (would block), or closed
+            while woken is not None and woken.recv(4096):
+                pass
 
     def wait_fd(self, fileno: int, events: int) -> int:
         """Wait until `fileno` (the database's socket) is ready for `events` (selectors'
@@ -229,11 +247,19 @@ class Publisher:
         self.ready = False
         self._fail_everything("publisher stopped before the broker confirmed")
         self._started = False
+        woken, wake = self._woken, self._wake
+        self._woken = self._wake = None
+        with contextlib.suppress(Exception):
+            if woken is not None:
+                self._ioloop.remove_handler(woken.fileno())
         with contextlib.suppress(Exception):
             self._ioloop.deactivate_poller()
-        # The loop's wake-up socket pair is ours to close once nothing polls it.
+        # The loop's wake-up socket pairs are ours to close once nothing polls them.
         with contextlib.suppress(Exception):
             self._ioloop.close()
+        for end in (woken, wake):
+            if end is not None:
+                end.close()
 
     # ----------------------------------------------------------------- connection
 
