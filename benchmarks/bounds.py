@@ -1,6 +1,7 @@
 """The broker's bound, varied: the raw pika ceiling at each window of targets.WINDOWS, from which
 the report finds K (the window the broker needs for its full speed), and the ceiling and the
-relay's drain on 80-byte bodies, where the relay's own cost per message weighs most."""
+relay's drain on 80-byte bodies, where the relay's own cost per message weighs most, beside the
+floor relay's (benchmarks/floor.py) on PostgreSQL: the bound of the design at the same window."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import uuid
 
 from benchmarks.ceiling import CeilingResult, measure_ceiling
-from benchmarks.drain import drain_in_process
+from benchmarks.drain import DrainResult, drain_in_process
 from benchmarks.fixtures import (
     ROUTING_KEY,
     BenchBroker,
@@ -17,8 +18,10 @@ from benchmarks.fixtures import (
     make_payload,
     message_properties,
 )
+from benchmarks.floor import drain_floor
 from benchmarks.results import Results, add, add_drain, fmt_rate, say, settle
 from benchmarks.targets import WINDOWS
+from relay.runtime.config import RelayConfig
 
 WINDOW_MESSAGES = 20_000  # messages per window, at most (--messages when smaller)
 SMALL_BYTES = 80
@@ -80,7 +83,7 @@ def small(
     results: Results,
 ) -> None:
     """The ceiling on 80-byte bodies, then the relay draining `db`'s backlog of them
-    (in-process, default settings)."""
+    (in-process, default settings), then on PostgreSQL the floor relay draining it again."""
     bodies = [encode(make_payload(i, SMALL_BYTES)) for i in range(db.loaded)]
     settle()
     say(f"ceiling, {SMALL_BYTES}-byte bodies, window {args.window}{tag} ...")
@@ -92,3 +95,16 @@ def small(
         lambda: drain_in_process(db, args.amqp, timeout=args.timeout), db.restored, "small"
     )
     add_drain(results, "small", drained)
+    if db.mysql:
+        return  # the floor relay is psycopg's
+    db.restore()
+    settle()
+    window = RelayConfig(db_url=db.url, amqp_url=args.amqp).max_in_flight  # its ceiling
+    say(f"floor relay, {SMALL_BYTES}-byte bodies, window {window}{tag} ...")
+    floor = broker.purged(
+        lambda: drain_floor(db.url, args.amqp, db.restored, window=window, timeout=args.timeout),
+        db.restored,
+        "small-floor",
+    )
+    drained = DrainResult("floor", floor.messages, floor.seconds, cpu=floor.cpu)
+    add_drain(results, "small-floor", drained)

@@ -153,7 +153,7 @@ def figures(results: Results) -> Figures:
 
     relay = "in-process" if value("in-process") is not None else "subprocess"
     small, drained = results.get("small"), results.get(relay)
-    ceiling_row = results.get("small-ceiling")
+    ceiling_row, floor = results.get("small-ceiling"), results.get("small-floor")
     windows = {w: rate for w in WINDOWS if (rate := value(f"window-{w}")) is not None}
     return Figures(
         ceiling=value("ceiling"),
@@ -179,6 +179,9 @@ def figures(results: Results) -> Figures:
             median(small.database_us) if small is not None and small.database_us else None
         ),
         relay_us=median(drained.relay_us) if drained is not None else None,
+        floor=value("small-floor"),
+        floor_us=median(floor.relay_us) if floor is not None else None,
+        floor_database_us=median(floor.database_us) if floor is not None else None,
     )
 
 

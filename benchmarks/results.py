@@ -43,6 +43,7 @@ FIGURES = {
     "steady-kill": "SIGKILL at 1,000 msg/s, duplicates",
     "small": "relay drain, in-process, 80-byte bodies",
     "small-ceiling": "raw pika async-confirm ceiling, 80-byte bodies",
+    "small-floor": "floor relay (bound), 80-byte bodies",
 }
 # Figures shown as a ratio to another figure of the same run rather than to the ceiling:
 # (that figure, its name in the table's last column).
@@ -55,6 +56,7 @@ BASES = {
     "hot-publisher-4": ("hot-unkeyed", "unkeyed"),
     "neighbour": ("neighbour-alone", "alone"),
     "small": ("small-ceiling", "80-byte ceiling"),
+    "small-floor": ("small-ceiling", "80-byte ceiling"),
 }
 # Rows whose values are not rates: left out of the table, reported below it.
 NOT_RATES = ("enqueue", "wakeup", "window-need", "kill", "kill-recovery", "steady-kill")

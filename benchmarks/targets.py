@@ -81,6 +81,9 @@ class Figures:
     small_relay_us: float | None = None
     small_ceiling_us: float | None = None  # raw pika's CPU per 80-byte message
     small_database_us: float | None = None
+    floor: float | None = None  # the floor relay's 80-byte drain (benchmarks/floor.py)
+    floor_us: float | None = None  # its CPU per message
+    floor_database_us: float | None = None
     relay_us: float | None = None  # the relay's CPU per message of the 1 KB in-process drain
 
 
@@ -135,6 +138,9 @@ def target_lines(f: Figures) -> list[str]:
     lines += _at_least(
         f"80-byte drain >= {SMALL_DRAIN:.1f}x its ceiling", f.small, f.small_ceiling, SMALL_DRAIN
     )
+    if f.floor is not None and f.small_ceiling:
+        pair = _rate_pair(f.floor, f.small_ceiling)
+        lines.append(f"  bound: the floor relay at the relay's window ceiling, {pair}")
     if f.small_relay_us is not None:
         target = f"relay CPU per 80-byte message <= {SMALL_CPU:.2f}x raw pika's"
         if not f.small_ceiling_us:
@@ -144,7 +150,17 @@ def target_lines(f: Figures) -> list[str]:
             ratio = f.small_relay_us / f.small_ceiling_us
             detail = f"{f.small_relay_us:.0f} vs {f.small_ceiling_us:.0f} us: {ratio:.2f}x"
             lines.append(verdict(target, ratio <= SMALL_CPU, detail))
+        if f.floor_us is not None and f.small_ceiling_us:
+            ratio = f.floor_us / f.small_ceiling_us
+            lines.append(f"  bound: the floor relay, {f.floor_us:.0f} us: {ratio:.2f}x raw pika's")
     if f.small_database_us is not None:
         beside = f" (1 KB bodies: relay {f.relay_us:.0f} us)" if f.relay_us is not None else ""
-        lines.append(f"80-byte bodies: database CPU {f.small_database_us:.0f} us/msg{beside}")
+        floor = (
+            f"; the floor relay's {f.floor_database_us:.0f}"
+            if f.floor_database_us is not None
+            else ""
+        )
+        lines.append(
+            f"80-byte bodies: database CPU {f.small_database_us:.0f} us/msg{floor}{beside}"
+        )
     return lines

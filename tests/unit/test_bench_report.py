@@ -100,6 +100,30 @@ def test_the_default_drain_and_the_small_figures() -> None:
     )
 
 
+def test_the_floor_relay_is_printed_as_the_bound_beside_its_target() -> None:
+    lines = target_lines(
+        Figures(
+            small=9000.0,
+            small_ceiling=15000.0,
+            small_relay_us=40.0,
+            small_ceiling_us=25.0,
+            small_database_us=45.0,
+            floor=10500.0,
+            floor_us=30.0,
+            floor_database_us=30.0,
+        )
+    )
+    small = lines.index(_line(lines, "target 80-byte drain"))
+    assert lines[small + 1] == (
+        "  bound: the floor relay at the relay's window ceiling, 10,500 vs 15,000 msg/s: 0.70x"
+    )
+    cpu = lines.index(_line(lines, "target relay CPU"))
+    assert lines[cpu + 1] == "  bound: the floor relay, 30 us: 1.20x raw pika's"
+    assert _line(lines, "80-byte bodies: ") == (
+        "80-byte bodies: database CPU 45 us/msg; the floor relay's 30"
+    )
+
+
 def test_the_relays_cpu_without_raw_pikas_cannot_be_judged() -> None:
     line = _line(target_lines(Figures(small_relay_us=40.0)), "target relay CPU")
     assert "cannot be judged (40 us; raw pika's was not measured)" in line

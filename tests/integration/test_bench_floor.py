@@ -1,0 +1,39 @@
+"""The floor relay the bench measures the relay against (benchmarks/floor.py) does the relay's
+work for real: every ready row published once, with its id, then marked published."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine, text
+
+import outbox
+from benchmarks.floor import drain_floor
+from tests.support.broker import Broker
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_floor_relay_publishes_every_ready_row_once_and_marks_it(
+    pg_url: str, pg_engine: Engine, broker: Broker, amqp_url: str
+) -> None:
+    with pg_engine.begin() as conn:
+        ids = [
+            outbox.enqueue(
+                conn,
+                exchange=broker.exchange,
+                routing_key="floor",
+                payload={"n": n},
+                headers={"n": str(n)},
+            )
+            for n in range(1_200)
+        ]
+    # A window smaller than a claim: the claims and marks turn over many times.
+    found = drain_floor(pg_url, amqp_url, len(ids), window=300, timeout=60)
+    assert found.acked == len(ids)
+    received = broker.collect_ids(ids, timeout=30)
+    assert sorted(str(d.message_id) for d in received) == sorted(str(i) for i in ids)
+    assert {d.properties.headers["n"] for d in received} == {str(n) for n in range(1_200)}
+    with pg_engine.connect() as conn:
+        found_states = conn.execute(text("SELECT state, count(*) FROM outbox_message GROUP BY 1"))
+        states = {state: count for state, count in found_states}
+    assert states == {"published": len(ids)}
