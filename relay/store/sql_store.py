@@ -63,25 +63,26 @@ def _utc(value: dt.datetime) -> dt.datetime:
 
 
 def _claimed(rows: Sequence[Sequence[Any]]) -> list[Claimed]:
-    """Claimed rows, by position (CLAIMED_COLUMNS' order): the hot path, hundreds a claim."""
+    """Claimed rows, by position (CLAIMED_COLUMNS' order): the hot path, hundreds a claim. The
+    payload is as stored: the wire checks its type, per row."""
     return [
         Claimed(
-            seq=r[0],
-            id=r[1],
-            exchange=r[2],
-            routing_key=r[3],
-            payload=r[4],  # as stored: the wire checks its type, per row
-            content_type=r[5],
-            headers=r[6],
-            key=r[7],
-            priority=r[8],
-            attempts=r[9],
-            max_attempts=r[10],
-            available_at=_utc(r[11]),
-            created_at=_utc(r[12]),
-            traceparent=r[13],
-            tracestate=r[14],
-            suspect=bool(r[15]),
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            r[6],
+            r[7],
+            r[8],
+            r[9],
+            r[10],
+            _utc(r[11]),
+            _utc(r[12]),
+            r[13],
+            r[14],
+            bool(r[15]),
         )
         for r in rows
     ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Callable, Hashable, Sequence
@@ -122,9 +121,7 @@ class FakeStore:
             r.state, r.token, r.attempts = "in_flight", token, r.attempts + 1
             r.lease_expires = self.now + dt.timedelta(seconds=lease_seconds)
         return [
-            dataclasses.replace(
-                r.claimed, attempts=r.attempts, available_at=r.available_at, suspect=r.suspect
-            )
+            r.claimed._replace(attempts=r.attempts, available_at=r.available_at, suspect=r.suspect)
             for r in rows
         ]
 

@@ -4,7 +4,6 @@ measured against."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import uuid
 from typing import Any
@@ -38,7 +37,7 @@ def row(**changes: Any) -> Claimed:
         traceparent=None,
         tracestate=None,
     )
-    return dataclasses.replace(base, **changes)
+    return base._replace(**changes)
 
 
 def wire_size(out: Outgoing) -> int:

@@ -3,7 +3,6 @@ kombu (Celery) reads JSON, text and bytes as they were enqueued, old rows includ
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Callable
@@ -41,7 +40,7 @@ def row(**changes: Any) -> Claimed:
         traceparent=None,
         tracestate=None,
     )
-    return dataclasses.replace(base, **changes)
+    return base._replace(**changes)
 
 
 ENCODINGS: list[tuple[str, str]] = [
