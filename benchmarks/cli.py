@@ -32,7 +32,10 @@ Phases, in order (choose with --phases):
                (target: beside at least 0.3x alone)
   small        a backlog of --messages 80-byte bodies (a database of its own): the raw pika
                ceiling on them and the in-process drain, the relay's CPU per message against
-               raw pika's on the same messages, and the database's
+               raw pika's on the same messages, and the database's; then, on PostgreSQL, the
+               floor relay (benchmarks/floor.py: claim, publish, mark and nothing else, its
+               window fixed at the relay's ceiling) on the same backlog: the bound of the
+               80-byte figures
   kill         a relay subprocess with default settings drains a committed backlog (20,000, or
                --messages if fewer), is SIGKILLed at 40% and restarted at once: duplicates
                (target: at most 2x K) and recovery (target: at most 6 s)
