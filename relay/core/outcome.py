@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class Fate(StrEnum):
@@ -17,8 +17,10 @@ class Fate(StrEnum):
     DESTINATION_MISSING = "destination_missing"  # 404 NOT_FOUND: the exchange does not exist
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
+    """What became of one message (a NamedTuple: one is made per message, and a frozen
+    dataclass's __init__ costs several times as much)."""
+
     seq: int  # the row's seq: which message this is the outcome of
     fate: Fate
     detail: str = ""
