@@ -9,7 +9,7 @@ import argparse
 import uuid
 
 from benchmarks.ceiling import CeilingResult, measure_ceiling
-from benchmarks.drain import DrainResult, drain_in_process
+from benchmarks.drain import drain_in_process
 from benchmarks.fixtures import (
     ROUTING_KEY,
     BenchBroker,
@@ -99,12 +99,15 @@ def small(
         return  # the floor relay is psycopg's
     db.restore()
     settle()
-    window = RelayConfig(db_url=db.url, amqp_url=args.amqp).max_in_flight  # its ceiling
+    defaults = RelayConfig()
+    window = defaults.max_in_flight  # the window's ceiling
     say(f"floor relay, {SMALL_BYTES}-byte bodies, window {window}{tag} ...")
     floor = broker.purged(
-        lambda: drain_floor(db.url, args.amqp, db.restored, window=window, timeout=args.timeout),
+        lambda: drain_floor(
+            db.url, args.amqp, db.restored,
+            claim=defaults.claim_max, window=window, timeout=args.timeout,
+        ),
         db.restored,
         "small-floor",
-    )
-    drained = DrainResult("floor", floor.messages, floor.seconds, cpu=floor.cpu)
-    add_drain(results, "small-floor", drained)
+    )  # fmt: skip
+    add_drain(results, "small-floor", floor)

@@ -1,11 +1,12 @@
 """The least a relay can do: the bound under the relay's 80-byte figures (PostgreSQL).
 
 One thread, psycopg 3 and pika's SelectConnection, nothing of this project's relay: lease up to
-500 ready rows with one UPDATE ... RETURNING (the columns the relay reads), publish each with the
-properties the relay sends (message id, content type, persistent, timestamp, the stored headers),
-and once the broker confirmed them, mark their rows with one UPDATE per burst of confirms. A
-message counts in the window from its publish until its row is marked, as in the relay, and the
-window is the relay's ceiling, fixed from the start (the relay's sizes itself below it).
+`claim` ready rows with one UPDATE ... RETURNING (the columns the relay reads), publish each with
+the properties the relay sends (message id, content type, persistent, timestamp, the stored
+headers), and once the broker confirmed them, mark their rows with one UPDATE per burst of
+confirms. A message counts in the window from its publish until its row is marked, as in the
+relay. The caller gives the relay's claim size and window ceiling; the window is fixed at that
+ceiling from the start (the relay's sizes itself below it).
 
 What it leaves out (keys and their order, retries and dead letters, circuits, rate limits,
 leases' upkeep, suspects, signing, tracing, metrics, checking each field before it goes) makes its
@@ -25,13 +26,10 @@ import pika
 import psycopg
 from pika import spec
 from pika.adapters.select_connection import SelectConnection
-from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import make_url
 
-from benchmarks.ceiling import CeilingError, CeilingResult
-from benchmarks.machine import CpuMeter, CpuSplit
-
-CLAIM = 500  # rows a claim leases at most (the relay's claim_max)
+from benchmarks.drain import DrainError, DrainResult
+from benchmarks.machine import CpuMeter
 
 _CLAIM = """
 UPDATE outbox_message SET state = 'in_flight', lease_owner = 'floor', lease_token = %(token)s,
@@ -51,24 +49,18 @@ WHERE seq = ANY(%(seqs)s) AND lease_token = %(token)s
 """
 
 
-def conninfo(url: str) -> str:
-    """libpq's connection string for a SQLAlchemy PostgreSQL URL (its `options` kept)."""
-    u = make_url(url)
-    options = u.query.get("options")
-    parts: dict[str, str | int | None] = {
-        "host": u.host, "port": u.port, "user": u.username, "password": u.password,
-        "dbname": u.database, "options": options if isinstance(options, str) else None,
-    }  # fmt: skip
-    return make_conninfo("", **{k: v for k, v in parts.items() if v is not None})
-
-
 class _Floor:
-    def __init__(self, db_url: str, amqp_url: str, expected: int, window: int, timeout: float):
-        # As the relay opens its connection: no server-side prepared statements (PgBouncer).
-        self.db = psycopg.connect(conninfo(db_url), autocommit=True, prepare_threshold=None)
+    def __init__(
+        self, db_url: str, amqp_url: str, expected: int, claim: int, window: int, timeout: float
+    ):
+        # libpq reads the URL as SQLAlchemy writes it, query (search_path options) and all. As
+        # the relay opens its connection: no server-side prepared statements (PgBouncer).
+        dsn = make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self.db = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
         self.params = pika.URLParameters(amqp_url)
         self.params.connection_attempts = 1
         self.expected = expected
+        self.claim = claim
         self.window = window
         self.timeout = timeout
         self.token = uuid.uuid4()
@@ -84,7 +76,7 @@ class _Floor:
         self.conn: Any = None
         self.channel: Any = None
 
-    def run(self) -> CeilingResult:
+    def run(self) -> DrainResult:
         self.conn = SelectConnection(
             parameters=self.params,
             on_open_callback=lambda c: c.channel(on_open_callback=self._on_channel),
@@ -98,10 +90,9 @@ class _Floor:
             self.conn.ioloop.close()  # its wake-up socket pair
             self.db.close()
         if self.error is not None:
-            raise CeilingError(f"floor relay: {self.error} ({self.marked} of {self.expected})")
+            raise DrainError(f"floor relay: {self.error} ({self.marked} of {self.expected})")
         seconds = self.finished - self.started
-        cpu: CpuSplit | None = self.meter.stop(seconds)
-        return CeilingResult(self.expected, seconds, self.marked, 0, 0, cpu)
+        return DrainResult("floor", self.marked, seconds, cpu=self.meter.stop(seconds))
 
     def _fail(self, why: str) -> None:
         if self.error is None and self.marked < self.expected:
@@ -145,8 +136,8 @@ class _Floor:
                 self.finished = time.perf_counter()
                 self.conn.close()
                 return
-        while self.window - self.in_window >= min(CLAIM, self.window):
-            rows = self._claim(min(CLAIM, self.window - self.in_window))
+        while self.window - self.in_window >= min(self.claim, self.window):
+            rows = self._claim(min(self.claim, self.window - self.in_window))
             if not rows:
                 break
             self._publish(rows)
@@ -176,8 +167,8 @@ class _Floor:
 
 
 def drain_floor(
-    db_url: str, amqp_url: str, expected: int, *, window: int, timeout: float
-) -> CeilingResult:
-    """Drain `expected` ready unkeyed rows with the floor relay above; rate from its first
-    claim to its last mark."""
-    return _Floor(db_url, amqp_url, expected, window, timeout).run()
+    db_url: str, amqp_url: str, expected: int, *, claim: int, window: int, timeout: float
+) -> DrainResult:
+    """Drain `expected` ready unkeyed rows with the floor relay above, `claim` rows a claim at
+    most and `window` in it; rate from its first claim to its last mark."""
+    return _Floor(db_url, amqp_url, expected, claim, window, timeout).run()
