@@ -178,7 +178,7 @@ def reclaim(row: Leased, *, reason: str, max_attempts: int, now: dt.datetime) ->
     """Take back a row whose lease ended unsettled. Which message killed the relay is unknown
     unless it was alone: a row claimed alone is charged the attempt and goes to dead once it
     has used up its attempts (its own max_attempts, else `max_attempts`, the relay's default);
-    any other is charged nothing (the claim's attempt is given back). Every row taken back is a
+    any other is charged nothing (the claim's attempt is refunded). Every row taken back is a
     suspect: one that was in a group or alone is claimed alone next, the rest in groups; one
     that dies is a suspect in groups again if an operator replays it."""
     if row.suspect is Suspect.ALONE:

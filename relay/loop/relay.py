@@ -269,7 +269,7 @@ class Relay:
                 self.settler.add(chains.answered(lease, chunk, answer, now))
 
     def _release_orphans(self) -> int:
-        """Give back rows a lease holds that nothing would ever settle: not waiting to be sent,
+        """Release rows a lease holds that nothing would ever settle: not waiting to be sent,
         not in a chunk the publisher has or is being written, not to be released. Only a bug
         makes one, but it would hold its lease, extended at every upkeep, and its key behind it
         for ever; so it is said loudly, and the row goes back (published again at worst, never
@@ -355,7 +355,7 @@ class Relay:
         self._take_signals()
 
     def _drain(self) -> None:
-        """Give back what was never sent, wait for the confirms of what was (bounded), settle
+        """Release what was never sent, wait for the confirms of what was (bounded), settle
         them, release anything left."""
         deadline = self._clock() + self.config.drain_timeout
         counts = Counts()
@@ -372,7 +372,7 @@ class Relay:
             self.release_all("relay stopped before the broker confirmed")
 
     def _release_unsent(self, why: str) -> int:
-        """Give back the rows claimed and never handed to the publisher (no attempt charged)."""
+        """Release the rows claimed and never handed to the publisher (no attempt charged)."""
         released = 0
         for lease in list(self._leases.values()):
             seqs = lease.unsent_seqs()
@@ -388,7 +388,7 @@ class Relay:
                 counts.released += self._release(lease, list(lease.to_release), HELD_BACK)
 
     def _release(self, lease: Lease, seqs: list[int], why: str) -> int:
-        """Give back these unsent rows of `lease`, and forget them; 0 if the database fails."""
+        """Release these unsent rows of `lease`, and forget them; 0 if the database fails."""
         try:
             released = self.store.release(lease.token, seqs, delay_seconds=0.0, error=why)
         except DatabaseUnavailable as exc:
@@ -401,7 +401,7 @@ class Relay:
         return released
 
     def release_all(self, why: str, *, forget: bool = False) -> int:
-        """Give back every row this relay still holds (shutdown): others may take them at once.
+        """Release every row this relay still holds (shutdown): others may take them at once.
 
         Rows released unsent cost no attempt. After a crash, the leases whose rows were sent
         are given up as their running out would (suspects.abandon). With `forget`, a lease the

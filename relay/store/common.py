@@ -30,7 +30,7 @@ def blocking_states(*, hold: bool) -> str:
 # Suspects are claimed apart from every other row: relay/core/suspects.py holds the rules, the
 # suspect column (outbox.states.Suspect) says how each is claimed. GROUPED, SOLITARY and ALONE
 # are the texts relays of schema 6 read in last_error instead: SqlStore binds them into the
-# statements that claim and give back rows, and the rescuer's decisions carry them.
+# statements that claim and release rows, and the rescuer's decisions carry them.
 GROUPED = suspects.GROUPED
 SOLITARY = suspects.SOLITARY
 ALONE = suspects.ALONE

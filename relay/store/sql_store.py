@@ -41,7 +41,7 @@ from relay.store.overlap import waiting_with
 ERROR_MAX = 2000  # characters of error text kept per attempt
 
 # The texts relays of schema 6 read in last_error (common.GROUPED), bound into the statements that
-# claim and give back rows.
+# claim and release rows.
 SUSPECT_STAMPS = {"alone": ALONE, "grouped": GROUPED, "solitary": SOLITARY}
 
 log = logging.getLogger("relay.store")
