@@ -94,13 +94,15 @@ class Store(Protocol):
         only: str | None = None,
         suspect_group: int = 1,
         run: int = 0,
+        follow: int | None = None,
     ) -> list[Claimed]:
         """Lease up to `limit` ready rows to `token`, highest priority and oldest due first.
 
         Rows whose resource part is in `exclude` are passed by; with `only`, just that part's.
         Suspects are claimed apart: at most `suspect_group` together, or one alone. With `run`,
         up to that many more messages of each keyed head's key, in key order, under the same
-        lease (a run, published one after another; `limit` more rows at most in all)."""
+        lease (a run, published one after another; `follow` more rows at most in all, `limit`
+        when not given)."""
 
     def claim_run(
         self,

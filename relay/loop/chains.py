@@ -164,30 +164,32 @@ def left(lease: Lease, key: str) -> int:
 def extend(
     leases: Leases,
     *,
-    full: Callable[[], bool],
-    claim_run: Callable[[Lease, int], list[Claimed]],
+    room: Callable[[], int],
+    claim_run: Callable[[Lease, int, int], list[Claimed]],
 ) -> None:
     """Claim the next run of every chain that came full and is about to run out (EXTEND_AT),
-    under the chain's own lease: `claim_run(lease, tail)` claims the key's messages after its
-    last one. Stops once the relay holds all it may (`full`). May raise DatabaseUnavailable."""
+    under the chain's own lease: `claim_run(lease, tail, limit)` claims up to `limit` of the
+    key's messages after its last one, NEXT_RUN at most and no more than the relay may still
+    hold (`room`). May raise DatabaseUnavailable."""
     for lease in list(leases.values()):
         for key, tail in list(lease.tails.items()):
             remaining = left(lease, key)
             if remaining > EXTEND_AT:
                 continue
-            if full():
+            limit = min(NEXT_RUN, room())
+            if limit <= 0:
                 return
             # Once per tail: a chain that ended (nothing left) goes the usual way, its mark
             # unparking the key's next message for a claim.
             del lease.tails[key]
             if remaining == 0:
                 continue
-            rows = claim_run(lease, tail)
+            rows = claim_run(lease, tail, limit)
             if not rows:
                 continue
             lease.rows.update((row.seq, row) for row in rows)
             lease.chains.setdefault(key, deque()).extend(rows)
-            if len(rows) == NEXT_RUN:
+            if len(rows) == limit:
                 lease.tails[key] = rows[-1].seq
 
 

@@ -144,7 +144,9 @@ class Claimer:
             return
         guard = self._guard
         guard.refresh()
-        claimed = self._claim(counts, limit, now, exclude=guard.exclude())
+        # Hot keys' runs come on top of the heads: within the room, as much again at most.
+        follow = min(limit, room - limit)
+        claimed = self._claim(counts, limit, now, exclude=guard.exclude(), follow=follow)
         quarantined = suspects.quarantined(leases)  # suspects were claimed: nothing else
         counts.full_batch = claimed == limit and not quarantined
         if not quarantined:
@@ -172,7 +174,9 @@ class Claimer:
         *,
         exclude: Sequence[str] = (),
         only: str | None = None,
+        follow: int = 0,
     ) -> int:
+        """Claim `limit` rows at most, and `follow` more in hot keys' runs. Returns how many."""
         token = uuid.uuid4()
         with self._observer.loop_span("claim", limit=limit) as span:
             started = self._clock()
@@ -185,7 +189,8 @@ class Claimer:
                 only=only,
                 suspect_group=suspects.SUSPECT_GROUP,
                 # A probe or a rate limit's share is counted in messages: no runs there.
-                run=chains.RUN if only is None else 0,
+                run=chains.RUN if follow > 0 else 0,
+                follow=follow,
             )
             self._observer.claim_took(self._clock() - started)
             if span is not None:
@@ -245,16 +250,16 @@ class Claimer:
             return  # nothing else goes until the suspects settle
         exclude: Sequence[str] | None = None
 
-        def claim_run(lease: Lease, tail: int) -> list[Claimed]:
+        def claim_run(lease: Lease, tail: int, limit: int) -> list[Claimed]:
             nonlocal exclude
             if exclude is None:
                 exclude = self._guard.exclude()
-            with self._observer.loop_span("claim", limit=chains.NEXT_RUN) as span:
+            with self._observer.loop_span("claim", limit=limit) as span:
                 rows = self._store.claim_run(
                     owner=config.relay_id,
                     token=lease.token,
                     after=tail,
-                    limit=chains.NEXT_RUN,
+                    limit=limit,
                     lease_seconds=config.lease_seconds,
                     exclude=exclude,
                 )
@@ -266,7 +271,7 @@ class Claimer:
             return rows
 
         chains.extend(
-            leases, full=lambda: leases.in_flight >= config.max_in_flight, claim_run=claim_run
+            leases, room=lambda: config.max_in_flight - leases.in_flight, claim_run=claim_run
         )
 
     # ----------------------------------------------------------------- sending

@@ -140,6 +140,7 @@ class SqlStore:
         only: str | None = None,
         suspect_group: int = 1,
         run: int = 0,
+        follow: int | None = None,
     ) -> list[Claimed]:
         params: dict[str, Any] = {
             "owner": owner,
@@ -151,9 +152,9 @@ class SqlStore:
             "exclude": self.dialect.bind_list(exclude),
             "only": only,
             "group": max(1, suspect_group),
-            # Runs: up to `run` more messages behind each keyed head, `limit` at most in all.
+            # Runs: up to `run` more messages behind each keyed head, `follow` at most in all.
             "run": max(0, run),
-            "follow": limit if run > 0 else 0,
+            "follow": max(0, limit if follow is None else follow) if run > 0 else 0,
             **SUSPECT_STAMPS,
             "now": self._clock(),
         }

@@ -154,6 +154,7 @@ class FakeStore:
         only: str | None = None,
         suspect_group: int = 1,
         run: int = 0,
+        follow: int | None = None,
     ) -> list[Claimed]:
         self._maybe_fail("claim")
         self.runs_asked.append(run)
@@ -170,11 +171,11 @@ class FakeStore:
         )[:limit]
         suspects = [r for r in ready if r.suspect][: max(1, suspect_group)]
         chosen = suspects or ready  # suspects are claimed apart, as in the store
-        if run > 0 and not suspects:  # a run behind each keyed head, `limit` more at most
+        if run > 0 and not suspects:  # a run behind each keyed head, `follow` more at most
             extra: list[Row] = []
             for head in [r for r in chosen if r.claimed.key is not None]:
                 extra += self._follow(head, run, exclude, only)
-            chosen = chosen + extra[:limit]
+            chosen = chosen + extra[: max(0, limit if follow is None else follow)]
         return sorted(self._lease(chosen, token, lease_seconds), key=_claimed_order)
 
     def claim_run(

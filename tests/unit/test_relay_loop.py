@@ -96,6 +96,19 @@ def test_in_flight_is_bounded_by_max_in_flight() -> None:
     assert sum(1 for s in store.states().values() if s == "published") == 25
 
 
+def test_hot_keys_runs_stay_within_max_in_flight() -> None:
+    """A claim's heads and the runs behind them together never take the relay past
+    max_in_flight: ten heads of twenty hot keys, and five rows of their runs."""
+    store = FakeStore()
+    store.add(*(make_claimed(i, key=f"k{i % 20}") for i in range(1, 401)))
+    publisher = FakePublisher(hold=True)
+    relay, _ = make_relay(store, publisher, claim_max=10, max_in_flight=15)
+    for _ in range(10):
+        relay.run_once()
+        assert relay.in_flight <= 15
+    assert relay.in_flight == 15
+
+
 def test_outcomes_survive_a_database_outage_and_are_marked_later(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
