@@ -176,7 +176,7 @@ SETTINGS: tuple[Setting, ...] = (
             "no effect: claims take what room --max-in-flight leaves", metavar="N",
             show=lambda _: "-",
             replaced="--batch-size has no effect: each claim takes what room --max-in-flight "
-            "leaves (500 rows a statement at most)"),
+            "leaves"),
     Setting("--heartbeat-interval", "OUTBOX_HEARTBEAT_INTERVAL", "heartbeat_interval",
             positive_number, "seconds between this relay's heartbeats", show=_seconds,
             metavar="SECONDS"),
@@ -278,31 +278,42 @@ def resolve(command: str, flags: Mapping[str, Any], environ: Mapping[str, str]) 
     """The configuration `command` runs with.
 
     `flags` holds the values argparse read, by dest (None: not given). Each setting takes its
-    flag, else its variable (an empty one counts as unset), else RelayConfig's default. A command
-    reads only the variables of the settings it uses, so a bad one it ignores stops nothing.
+    flag, else its variable (an empty one counts as unset), else RelayConfig's default; a flag
+    under an old name (Setting.replaced) beats a variable under the new one, and the new name
+    beats the old one when both are flags or both variables. A command reads only the variables
+    of the settings it uses, so a bad one it ignores stops nothing.
     """
     values: dict[str, Any] = {}
+    for setting in SETTINGS:  # the new name comes first in SETTINGS: it wins
+        if setting.target and setting.target not in values and flags.get(setting.dest) is not None:
+            values[setting.target] = flags[setting.dest]
     for setting in SETTINGS:
-        if flags.get(setting.dest) is not None:
-            value = flags[setting.dest]
-        elif _from_env(setting, command, environ):
-            value = setting.from_env(environ[setting.env or ""])
-        else:
-            continue
-        if setting.replaced is not None and (not setting.target or setting.target in values):
-            continue  # no effect, or the new name was given too: it wins
-        values[setting.target] = value
+        if flags.get(setting.dest) is None and _from_env(setting, command, environ):
+            value = setting.from_env(environ[setting.env or ""])  # checked even when unused
+            if setting.target and setting.target not in values:
+                values[setting.target] = value
     return build(values)
 
 
 def replaced(command: str, flags: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
-    """What to say of each old option `command` was given (see Setting.replaced)."""
-    return [
-        setting.replaced
-        for setting in SETTINGS
-        if setting.replaced is not None
-        and (flags.get(setting.dest) is not None or _from_env(setting, command, environ))
-    ]
+    """What to say of each old option `command` was given (see Setting.replaced), and whether
+    the new name's value was taken instead of it (resolve's order)."""
+    said = []
+    for old in SETTINGS:
+        if old.replaced is None:
+            continue
+        old_flag = flags.get(old.dest) is not None
+        if not old_flag and not _from_env(old, command, environ):
+            continue
+        text = old.replaced
+        new = next((s for s in SETTINGS if s.target == old.target and s.replaced is None), None)
+        if old.target and new is not None:
+            if flags.get(new.dest) is not None:
+                text += f" ({old.flag if old_flag else old.env} is ignored: {new.flag} was given)"
+            elif not old_flag and _from_env(new, command, environ):
+                text += f" ({old.env} is ignored: {new.env} was given)"
+        said.append(text)
+    return said
 
 
 def _from_env(setting: Setting, command: str, environ: Mapping[str, str]) -> bool:

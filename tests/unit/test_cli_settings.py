@@ -58,6 +58,24 @@ def test_the_old_flow_control_options_are_accepted_and_say_what_replaced_them() 
     assert replaced_options(cli.build_parser().parse_args(["run"]), {}) == []
 
 
+def test_a_flag_under_the_old_name_beats_the_new_names_variable() -> None:
+    """A flag wins over a variable whatever the names; between two flags or two variables, the
+    new name wins, and the warning says the old one's value was ignored."""
+    old_flag = ["run", "--max-unconfirmed", "300"]
+    assert config(old_flag, OUTBOX_MAX_IN_FLIGHT="7").max_in_flight == 300
+    assert (
+        config(["run"], OUTBOX_MAX_IN_FLIGHT="7", OUTBOX_MAX_UNCONFIRMED="300").max_in_flight == 7
+    )
+    parse = cli.build_parser().parse_args
+    [said] = replaced_options(parse(old_flag), {"OUTBOX_MAX_IN_FLIGHT": "7"})
+    assert "ignored" not in said
+    both = {"OUTBOX_MAX_IN_FLIGHT": "7", "OUTBOX_MAX_UNCONFIRMED": "300"}
+    [said] = replaced_options(parse(["run"]), both)
+    assert said.endswith("(OUTBOX_MAX_UNCONFIRMED is ignored: OUTBOX_MAX_IN_FLIGHT was given)")
+    [said] = replaced_options(parse(["run", "--max-in-flight", "9", "--max-unconfirmed", "3"]), {})
+    assert said.endswith("(--max-unconfirmed is ignored: --max-in-flight was given)")
+
+
 def test_variables_reach_every_part_of_the_configuration() -> None:
     c = config(
         ["run"], OUTBOX_MAX_AGE="2h", OUTBOX_RETAIN_PUBLISHED="forever", OUTBOX_LISTEN="off",
