@@ -47,7 +47,7 @@ class Claimed(NamedTuple):
     tracestate: str | None
     # The last lease on it ended unsettled (its relay died holding it): it is claimed with other
     # suspects only, or alone, and must be published with nothing else in flight
-    # (relay/store/common.py, GROUPED).
+    # (relay/core/suspects.py).
     suspect: bool = False
 
 

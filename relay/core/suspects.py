@@ -1,7 +1,8 @@
 """Crash isolation, row by row: which of a claim's candidates are taken, what taking a lease back
 does to a row, and the reasons recorded. Pure values and functions: every store reads the rows
-whose lease it takes back, calls `reclaim` for each and writes the results back in one batched
-statement (relay/store/rescuer.py); the SQL holds no policy.
+whose lease it takes back, calls `reclaim` for each and writes the results back with two batched
+statements, the rows and their attempt records (relay/store/rescuer.py); the SQL holds no
+policy.
 
 SUSPECTS. A row whose lease ended without a settlement (its relay died, or crashed, holding it)
 may be what killed the relay, or may have been in flight beside it. Such a row goes back to

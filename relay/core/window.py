@@ -16,7 +16,7 @@ window), it measures the rate at which outcomes are written, and
 
 The rate measured against the window's size is noisy (marks are written in bursts, the broker
 fsyncs in groups): a target of a time, not a search for the rate's peak, keeps the window steady
-under that noise. `ceiling` (`--max-unconfirmed`) bounds it always. Pure: the caller says what
+under that noise. `ceiling` (`--max-in-flight`) bounds it always. Pure: the caller says what
 happened, with its clock's time.
 """
 

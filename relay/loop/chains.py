@@ -37,7 +37,7 @@ from relay.ports import Claimed, Outgoing
 
 # Messages of one key a claim takes at most behind its head: with it, two chunks. A relay killed
 # mid-run leaves the run's unsent messages as suspects, each then published on its own
-# (common.GROUPED), so not much longer.
+# (relay/core/suspects.py), so not much longer.
 RUN = 127
 # Messages of a chain answered together: a chunk's confirmed messages are marked once its last
 # one is confirmed, so this is also what a relay killed mid-chain leaves confirmed and unmarked

@@ -206,7 +206,7 @@ class Observer:
             "outbox.relay.window",
             "{message}",
             "messages this relay may have sent and not yet written: its window, sized to the "
-            "broker's confirm round, at most --max-unconfirmed",
+            "broker's confirm round, at most --max-in-flight",
             lambda: [(float(size()), {})],
         )
 

@@ -2,7 +2,7 @@
 kills relays kills only itself (docs/concepts/crash-isolation.md).
 
 The store decides who is a suspect and claims them apart from every other row, at most
-SUSPECT_GROUP together or one alone (relay/store/common.py, GROUPED). The loop's part is here:
+SUSPECT_GROUP together or one alone (relay/core/suspects.py). The loop's part is here:
 
 - a claim of suspects is a suspect lease (`claimed_apart`), marked so when it is made;
 - while one is held, nothing else is claimed, extended or probed (`quarantined`);
@@ -23,7 +23,7 @@ from relay.loop.leases import Lease, Leases
 from relay.ports import Claimed
 
 # Suspects claimed together at most: if they kill this relay too, each of them is then
-# published alone (relay/store/common.py, GROUPED), at a few milliseconds apiece.
+# published alone (relay/core/suspects.py), at a few milliseconds apiece.
 SUSPECT_GROUP = 100
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from relay.core import suspects
 from relay.store import queries
 
 _SQL = queries.load("common")
@@ -23,17 +22,6 @@ BLOCKING_SKIP = _SQL.text("blocking_skip")
 
 def blocking_states(*, hold: bool) -> str:
     return BLOCKING_HOLD if hold else BLOCKING_SKIP
-
-
-# ------------------------------------------------------------------------ crash isolation
-
-# Suspects are claimed apart from every other row: relay/core/suspects.py holds the rules, the
-# suspect column (outbox.states.Suspect) says how each is claimed. GROUPED, SOLITARY and ALONE
-# are the texts relays of schema 6 read in last_error instead: SqlStore binds them into the
-# statements that claim and release rows, and the rescuer's decisions carry them.
-GROUPED = suspects.GROUPED
-SOLITARY = suspects.SOLITARY
-ALONE = suspects.ALONE
 
 
 # ------------------------------------------------------------------------ resources

@@ -169,8 +169,8 @@ class Dialect(ABC):
         6). The last column says whether a row is a suspect.
 
         params: owner, token, limit, scan (keyed candidates looked at), lease_seconds,
-        exclude (resource parts passed by), only (the one part wanted, or None), group, alone,
-        grouped, solitary, now."""
+        exclude (resource parts passed by), only (the one part wanted, or None), group, run,
+        follow (rows all runs add, at most), alone, grouped, now."""
 
     @abstractmethod
     def claim_run(self, conn: Connection, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
@@ -180,7 +180,7 @@ class Dialect(ABC):
         state is in flight under :token. Rows with CLAIMED_COLUMNS (none a suspect).
 
         params: owner, token, after, run, follow (= run), lease_seconds, exclude, only (None),
-        grouped, now."""
+        now."""
 
     @abstractmethod
     def mark_published(self, conn: Connection, params: dict[str, Any]) -> int:
@@ -201,15 +201,13 @@ class Dialect(ABC):
         rows: Sequence[Transition],
         records: Sequence[Attempt],
         params: Mapping[str, Any],
-    ) -> int:
+    ) -> None:
         """Inside the caller's transaction: rows' new values decided in Python and their attempt
-        records, each in one statement for them all (relay/store/transitions.py); how many rows
-        changed. params: now, relay_id."""
+        records, each in one statement for them all (relay/store/transitions.py).
+        params: now, relay_id."""
         binds = {"now": params["now"], "relay_id": params["relay_id"]}
-        changed = conn.execute(self.sql.transition_rows, {**binds, "rows": as_json(rows)})
-        if records:
-            conn.execute(self.sql.record_attempts, {**binds, "records": as_json(records)})
-        return int(changed.rowcount)
+        conn.execute(self.sql.transition_rows, {**binds, "rows": as_json(rows)})
+        conn.execute(self.sql.record_attempts, {**binds, "records": as_json(records)})
 
     def register_relay(self, conn: Connection, params: dict[str, Any]) -> dt.datetime:
         """Insert or take over :relay_id's heartbeat row for a new run; return its started_at.

@@ -10,7 +10,7 @@ hands each of its waits to it (the publisher's `wait_fd`, which runs the broker'
 database's socket in it), and to psycopg's own everywhere else (the heartbeat's thread, the HTTP
 server's, operator commands).
 
-Only psycopg has a wait to hand over: MySQL's and SQLite's drivers block as before.
+Only psycopg has a wait to hand over: MySQL's and SQLite's drivers block the thread.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Retention: delete terminal messages older than a cutoff, a small batch at a time. The
-statements are each dialect's (PURGE_BATCH, COUNT_ELIGIBLE); the autovacuum settings that keep the
-tables small live with the schema, in outbox.migrate.
+statements are each dialect's (`Dialect.purge_batch`, `Statements.count_eligible`); the
+autovacuum settings that keep the tables small live with the schema, in outbox/databases.py.
 
 How a batch finds its rows: message ids are UUIDv7, time-ordered, so every row created before the
 cutoff lies in one contiguous low range of the unique `id` index. Each batch is bounded by

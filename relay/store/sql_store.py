@@ -27,7 +27,6 @@ from relay.errors import DatabaseUnavailable, PermissionDenied
 from relay.ports import Claimed, FdWait, ResourceRow, RetentionFailed, StateCounts, T, TableHealth
 from relay.store import counting, rescuer, retention
 from relay.store.boundary import first_line, translated
-from relay.store.common import ALONE, GROUPED, SOLITARY
 from relay.store.databases import dialect_for
 from relay.store.engines import (
     POOL_TIMEOUT,
@@ -40,9 +39,11 @@ from relay.store.overlap import waiting_with
 
 ERROR_MAX = 2000  # characters of error text kept per attempt
 
-# The texts relays of schema 6 read in last_error (common.GROUPED), bound into the statements that
-# claim and release rows.
-SUSPECT_STAMPS = {"alone": ALONE, "grouped": GROUPED, "solitary": SOLITARY}
+# The texts relays of schema 6 read in last_error instead of the suspect column
+# (relay/core/suspects.py), bound into the claim (set on suspects) and release (kept on one to be
+# claimed alone).
+CLAIM_STAMPS = {"alone": suspects.ALONE, "grouped": suspects.GROUPED}
+RELEASE_STAMPS = {"solitary": suspects.SOLITARY}
 
 log = logging.getLogger("relay.store")
 
@@ -155,7 +156,7 @@ class SqlStore:
             # Runs: up to `run` more messages behind each keyed head, `follow` at most in all.
             "run": max(0, run),
             "follow": max(0, limit if follow is None else follow) if run > 0 else 0,
-            **SUSPECT_STAMPS,
+            **CLAIM_STAMPS,
             "now": self._clock(),
         }
         with self._conn() as conn:
@@ -187,7 +188,6 @@ class SqlStore:
             "lease_seconds": lease_seconds,
             "exclude": self.dialect.bind_list(exclude),
             "only": None,
-            **SUSPECT_STAMPS,
             "now": self._clock(),
         }
         with self._conn() as conn:
@@ -216,7 +216,7 @@ class SqlStore:
             "seqs": self.dialect.bind_list(seqs),
             "delay_seconds": delay_seconds,
             "error": error,
-            **SUSPECT_STAMPS,
+            **RELEASE_STAMPS,
             "now": self._clock(),
         }
         with self._conn() as conn:

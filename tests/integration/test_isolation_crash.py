@@ -1,7 +1,7 @@
 """A crash cannot spread: a message that kills every relay that claims it dead-letters itself
 only. Real relay processes die (os._exit) each time they are about to publish the poison row;
 the rows claimed beside it are published, the poison alone ends dead. Suspects come back in a
-group first, then alone (relay/store/common.py, GROUPED)."""
+group first, then alone (relay/core/suspects.py)."""
 
 from __future__ import annotations
 

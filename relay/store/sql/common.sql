@@ -38,9 +38,9 @@ SELECT {{now}} AS now
 -- ------------------------------------------------------------------------ giving rows back
 
 -- release --
--- Rows a relay gives back unsent (it is stopping before the broker confirmed them): pending again,
+-- Rows a relay releases unsent (it is stopping before the broker confirmed them): pending again,
 -- due after :delay_seconds, so another relay may take them. The claim counted an attempt that never
--- happened, so it is given back (never below zero). A suspect stays one, claimed as before (its
+-- happened, so it is refunded (never below zero). A suspect stays one, claimed as before (its
 -- suspect column is not touched); for relays of schema 6 its lease_expires_at stays set and one
 -- claimed alone gets :solitary in last_error (outbox.states, STAMP_SOLITARY).
 UPDATE outbox_message
