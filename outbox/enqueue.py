@@ -14,10 +14,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, cast
 
-from sqlalchemy import (
-    Connection,
-    select,
-)
+from sqlalchemy import Connection, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -135,14 +132,21 @@ def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
     the sync face of its AsyncConnection, so both translate errors and race the same way."""
     database = database_of(conn.dialect.name)  # before any SQL
     statements = database.inserts
-    notify = statements.notify is not None and _notify_now()
+    wake = statements.notify if statements.notify is not None and _notify_now() else None
     try:
-        if database.direct_insert(conn, prepared, notify=notify):
+        if database.direct_insert(conn, prepared, notify=wake is not None):
             return prepared.id
+        return _insert(conn, statements, prepared, wake)
     except DBAPIError as exc:
         if is_missing_table(exc):
             raise SchemaMissing(SchemaMissing.__doc__) from exc
         raise
+
+
+def _insert(
+    conn: Connection, statements: Inserts, prepared: Prepared, wake: str | None
+) -> uuid.UUID:
+    """The insert through SQLAlchemy (where `direct_insert` declined), then `wake` if given."""
     params = dict(prepared.params)
     if statements.server_clock:
         params["delay"] = prepared.wait or _ZERO
@@ -151,19 +155,14 @@ def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
         now = dt.datetime.now(dt.UTC)
         params["created_at"] = now
         params["available_at"] = now + prepared.wait if prepared.wait else now
-    try:
-        if prepared.idempotency_key is None:
-            conn.execute(statements.insert, params)
-            result = prepared.id
-        else:
-            result = _insert_idempotent(conn, statements, params, prepared.idempotency_key)
-        if notify and statements.notify is not None:
-            conn.exec_driver_sql(statements.notify)
-        return result
-    except DBAPIError as exc:
-        if is_missing_table(exc):
-            raise SchemaMissing(SchemaMissing.__doc__) from exc
-        raise
+    if prepared.idempotency_key is None:
+        conn.execute(statements.insert, params)
+        result = prepared.id
+    else:
+        result = _insert_idempotent(conn, statements, params, prepared.idempotency_key)
+    if wake is not None:
+        conn.exec_driver_sql(wake)
+    return result
 
 
 _ZERO = dt.timedelta(0)
