@@ -55,9 +55,12 @@ class Stepwise(Dialect):
     sql: StepwiseStatements
 
     def pin_now(self, conn: Connection, params: Mapping[str, Any]) -> dict[str, Any]:
-        """`params` with the time the transaction's statements use: by default read once, so
-        they all agree on it (read_now)."""
-        now = conn.execute(self.sql.read_now, {"now": params["now"]}).scalar_one()
+        """`params` with the time the transaction's statements use: the one given (the
+        application's clock, or a test's), else the database's, read once so that they all
+        agree on it (read_now)."""
+        if params["now"] is not None:
+            return dict(params)
+        now = conn.execute(self.sql.read_now, {"now": None}).scalar_one()
         return {**params, "now": now}
 
     @abstractmethod
