@@ -129,9 +129,11 @@ def purge_inbox(
 
     Raises:
         InvalidOption: `batch_size` is less than 1.
+        UnsupportedDatabase: `bind` is not PostgreSQL, MySQL/MariaDB or SQLite (before any SQL).
     """
     if batch_size < 1:
         raise InvalidOption("batch_size must be at least 1")
+    database_of(bind.dialect.name)  # an unsupported database fails here, not after a query
     cutoff = _now() - older_than
     names = [consumer] if consumer is not None else _in_transaction(bind, _consumers)
     return sum(
