@@ -19,8 +19,8 @@ STEADY_KILL = 100  # duplicates after a SIGKILL at a steady 1,000 msg/s, at most
 # a time), at least: strict per-key order allows no more in flight per key.
 HOT_BOUND = 0.9
 SMALL_DRAIN = 0.8  # the 80-byte drain over raw pika's ceiling on the same messages, at least
-# The relay process's CPU per 80-byte message over raw pika's for the same messages, at most: the
-# relay-core issue's 20 us against raw pika's 12 us, measured side by side.
+# The relay process's CPU per 80-byte message over raw pika's for the same messages, at most
+# (20 us of the relay's against 12 of raw pika's).
 SMALL_CPU = 20 / 12
 # A healthy exchange's drain beside a broken one over the same drain alone, at least. A broken
 # neighbour costs the healthy flow the failures before its circuit opens and the claims passing

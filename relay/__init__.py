@@ -3,13 +3,15 @@
 Glossary: one word per thing, used in this sense only (docs/getting-started/glossary.md).
 
 - row: an `outbox_message` row; its `seq` is the number enqueue gave it, the one id the loop uses.
-- claim: one statement leasing ready rows to this relay under a fresh token.
+- claim: one short transaction leasing ready rows to this relay under a fresh token (one
+  statement on PostgreSQL).
 - lease: the rows of one claim and their token, held until each is settled or released.
 - in flight: claimed and not yet settled; `max_in_flight` is the one flow-control limit.
 - run: up to 127 more rows of a key a claim takes with its head; published as a chain.
 - chain: a key's rows sent one at a time, each once the one before it is confirmed.
 - chunk: rows of a lease handed to the publisher together (a chain's: answered together).
-- window: rows sent and not yet settled, sized to the broker's confirm round (core/window.py).
+- window: rows sent and not yet settled, sized to the broker's confirm round, at most
+  `max_in_flight` (core/window.py).
 - answer: what the broker said of a message (`Outcome`); a chunk's answers are an `Answer`.
 - settle: write answers to the database (mark published; retry, defer or dead-letter). Only this.
 - mark: the statement of settling that records confirmed rows as published.

@@ -1,4 +1,4 @@
-"""The relay's store on MySQL 8.0+ and MariaDB 10.6+: which statement of relay/store/sql/mysql.sql
+"""The relay's store on MySQL 8.0.4+ and MariaDB 10.6+: which statement of relay/store/sql/mysql.sql
 (and common.sql) is which, how a claim reads its candidates and its runs, and the connection. The
 SQL, and the reasons for each statement, are in the .sql file.
 
