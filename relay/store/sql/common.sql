@@ -143,6 +143,11 @@ FROM {{attempt_rows}}
 
 -- ------------------------------------------------------------------------ taking leases back
 
+-- suspect_columns --
+-- A claim candidate's suspect column read as two flags: a suspect (outbox.states.Suspect), and one
+-- to be claimed alone (relay/core/suspects.py chooses).
+suspect IS NOT NULL AS suspect, coalesce(suspect = 'alone', false) AS solitary
+
 -- stuck_columns --
 -- Taking leases back, as River's rescuer does (relay/store/rescuer.py): the rows are read and
 -- locked in one transaction (SKIP LOCKED where the database has row locks: two relays reclaiming at

@@ -103,7 +103,7 @@ AND (:only IS NULL OR {{resource}} = :only)
 -- along outbox_message_claim_idx (outbox/databases.py). SKIP LOCKED: a row another relay is
 -- claiming right now is not a candidate. A keyed row becomes a head or is parked (heads, then
 -- common.sql's park), as on PostgreSQL; at most :scan rows are looked at.
-SELECT seq, `key`, suspect IS NOT NULL AS suspect, coalesce(suspect = 'alone', false) AS solitary
+SELECT seq, `key`, {{suspect_columns}}
 FROM outbox_message FORCE INDEX (outbox_message_claim_idx)
 WHERE state = 'pending' AND held = false AND available_at <= {{now}} {{resource_filter}}
 ORDER BY priority DESC, available_at, seq

@@ -114,8 +114,7 @@ AND (CAST(:only AS text) IS NULL OR {{resource}} = CAST(:only AS text))
 -- runs add, and a claim it thinks large becomes a hash join over the whole table, or is compiled
 -- by JIT for longer than it runs. The last column says whether a row is a suspect.
 WITH unkeyed AS (
-    SELECT seq, NULL::text AS key, priority, available_at, suspect IS NOT NULL AS suspect,
-           coalesce(suspect = 'alone', false) AS solitary
+    SELECT seq, NULL::text AS key, priority, available_at, {{suspect_columns}}
     FROM outbox_message
     WHERE state = 'pending' AND key IS NULL AND available_at <= coalesce(:now, now())
           {{resource_filter}}
@@ -123,8 +122,7 @@ WITH unkeyed AS (
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), keyed AS (
-    SELECT seq, key, priority, available_at, suspect IS NOT NULL AS suspect,
-           coalesce(suspect = 'alone', false) AS solitary,
+    SELECT seq, key, priority, available_at, {{suspect_columns}},
            coalesce((
                SELECT e.seq FROM outbox_message AS e
                WHERE e.key >= m.key AND e.key <= m.key AND e.state IN ({{blocking}})

@@ -81,16 +81,14 @@ AND (:only IS NULL OR {{resource}} = :only)
 -- (followers), and common.sql's park, claim_rows and claimed. Per-key order, parking, resources
 -- and runs as in postgres.sql's claim; there is no SKIP LOCKED to need, the write lock is already
 -- held.
-SELECT seq, priority, available_at, suspect IS NOT NULL AS suspect,
-       coalesce(suspect = 'alone', false) AS solitary, key
+SELECT seq, priority, available_at, {{suspect_columns}}, key
 FROM outbox_message
 WHERE state = 'pending' AND key IS NULL AND available_at <= :now {{resource_filter}}
 ORDER BY priority DESC, available_at, seq
 LIMIT :limit
 
 -- select_keyed --
-SELECT seq, priority, available_at, suspect IS NOT NULL AS suspect,
-       coalesce(suspect = 'alone', false) AS solitary, key, {{key_head}} AS head
+SELECT seq, priority, available_at, {{suspect_columns}}, key, {{key_head}} AS head
 FROM outbox_message AS m
 WHERE state = 'pending' AND key IS NOT NULL AND NOT held AND available_at <= :now
       {{resource_filter}}
