@@ -116,7 +116,7 @@ class Stepwise(Dialect):
     def _lease(
         self, conn: Connection, params: Mapping[str, Any], seqs: list[int], stamp: str | None
     ) -> Sequence[Sequence[Any]]:
-        lease = {**params, "seqs": self.bind_list(seqs), "suspect": stamp is not None}
+        lease = {**params, "seqs": self.bind_list(seqs)}
         conn.execute(self.sql.claim_rows, {**lease, "stamp": stamp})
         return conn.execute(self.sql.claimed, lease).all()
 

@@ -61,10 +61,10 @@ UPDATE outbox_message SET held = true WHERE {{in_seqs}}
 
 -- claim_rows --
 -- MySQL and SQLite: lease the rows chosen (locked since they were read, or under SQLite's write
--- lock) and their runs (a run's rows are usually parked: held is cleared). :suspect is true when
--- the rows chosen are suspects, claimed alone or with other suspects only: their suspect column
--- stays as it is, and :stamp (outbox.states' STAMP_ALONE or STAMP_GROUPED) goes in last_error
--- for relays of schema 6.
+-- lock) and their runs (a run's rows are usually parked: held is cleared). When the rows chosen
+-- are suspects, claimed alone or with other suspects only, their suspect column stays as it is
+-- and :stamp (outbox.states' STAMP_ALONE or STAMP_GROUPED; NULL for other rows) goes in
+-- last_error for relays of schema 6.
 UPDATE outbox_message
 SET state = 'in_flight',
     held = false,
@@ -72,7 +72,7 @@ SET state = 'in_flight',
     lease_owner = :owner,
     lease_token = :token,
     lease_expires_at = {{lease_ends}},
-    last_error = CASE WHEN :suspect THEN :stamp ELSE last_error END
+    last_error = coalesce(:stamp, last_error)
 WHERE {{in_seqs}} AND state = 'pending'
 
 -- claimed --
