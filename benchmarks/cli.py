@@ -24,8 +24,12 @@ Phases, in order (choose with --phases):
                HOT_KEY messages each); raw pika publishing the same messages one confirm at a
                time, and with four unconfirmed: the bounds for any relay that keeps one key's,
                or four keys', order whatever the broker does, which the relay's drains are
-               judged against; and relay.Publisher alone sending one key's chain, and four
-               keys' chains side by side (diagnostics: the relay's publishing path alone)
+               judged against; on PostgreSQL, the floor relay (benchmarks/floor.py) draining
+               the one key's and the four keys' backlogs, its database work on a thread of its
+               own: the bounds of the hot-key figures with the database's work beside the
+               broker's; and
+               relay.Publisher alone sending one key's chain, and four keys' chains side by
+               side (diagnostics: the relay's publishing path alone)
   neighbour    a healthy exchange's messages drained in-process beside a missing exchange's:
                one row in six of the backlog (24,000 rows, or --messages if fewer), interleaved,
                goes there and its circuit opens; and the same drain with those rows removed
@@ -85,6 +89,7 @@ from benchmarks.fixtures import (
     message_properties,
     names,
 )
+from benchmarks.floor import drain_floor_keys
 from benchmarks.insert_cost import measure_insert_cost
 from benchmarks.neighbour import measure as measure_neighbour
 from benchmarks.profiles import print_summary
@@ -427,6 +432,14 @@ def _hot_key(
         say(f"{FIGURES[key]}, {limit} messages, in-process{tag} ...")
         drain = functools.partial(drain_in_process, db, args.amqp, timeout=args.timeout)
         add_drain(results, key, broker.purged(drain, limit, key))
+    for key, keys in (("hot-floor-1", 1), ("hot-floor-4", 4)):
+        if db.mysql:
+            break  # the floor relay is psycopg's
+        db.restore(limit=limit, keys=keys)
+        settle()
+        say(f"{FIGURES[key]}, {limit} messages{tag} ...")
+        floor = functools.partial(drain_floor_keys, db.url, args.amqp, limit, timeout=args.timeout)
+        add_drain(results, key, broker.purged(floor, limit, key))
     settle()
     say(f"{FIGURES['hot-serial']}, {limit // 4} messages{tag} ...")
     props = [message_properties(uuid.uuid4(), now) for _ in range(limit // 4)]

@@ -1,4 +1,4 @@
-"""The least a relay can do: the bound under the relay's 80-byte figures (PostgreSQL).
+"""The least a relay can do: the bound under the relay's 80-byte and hot-key figures (PostgreSQL).
 
 One thread, psycopg 3 and pika's SelectConnection, nothing of this project's relay: lease up to
 `claim` ready rows with one UPDATE ... RETURNING (the columns the relay reads), publish each with
@@ -12,6 +12,13 @@ What it leaves out (keys and their order, retries and dead letters, circuits, ra
 leases' upkeep, suspects, signing, tracing, metrics, checking each field before it goes) makes its
 CPU per message a floor for any relay of this design on these libraries, and its drain a bound
 on the relay's at the same window.
+
+`drain_floor_keys` is the same for a backlog of hot keys: each key's messages are published one
+at a time, the next from the confirm of the one before (the relay's chains, relay/loop/chains.py),
+each key's next run claimed on a second thread while its chain still has CHUNK messages to send,
+and the confirmed ones marked a CHUNK at a time there too. The database never holds a chain up, so
+its drain is the bound on the relay's hot keys: the broker's confirm pace beside the database's
+work for the same rows on the same two cores.
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pika
 import psycopg
@@ -30,6 +39,7 @@ from sqlalchemy.engine import make_url
 
 from benchmarks.drain import DrainError, DrainResult
 from benchmarks.machine import CpuMeter
+from relay.loop.chains import CHUNK, NEXT_RUN
 
 _CLAIM = """
 UPDATE outbox_message SET state = 'in_flight', lease_owner = 'floor', lease_token = %(token)s,
@@ -42,6 +52,20 @@ WHERE seq = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED))
 RETURNING seq, id, exchange, routing_key, payload, content_type, headers, created_at
 """
+_CLAIM_RUN = """
+UPDATE outbox_message SET state = 'in_flight', lease_owner = 'floor', lease_token = %(token)s,
+       lease_expires_at = now() + interval '30 seconds', attempts = attempts + 1
+WHERE seq = ANY(ARRAY(
+    SELECT seq FROM outbox_message
+    WHERE key = %(key)s AND seq > %(after)s AND state IN ('pending', 'in_flight', 'dead')
+    ORDER BY key, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)) AND state = 'pending'
+RETURNING seq, id, exchange, routing_key, payload, content_type, headers, created_at
+"""
+T = TypeVar("T")
+
+_KEYS = "SELECT DISTINCT key FROM outbox_message WHERE state = 'pending' AND key IS NOT NULL"
 _MARK = """
 UPDATE outbox_message SET state = 'published', published_at = now(), lease_owner = NULL,
        lease_token = NULL, lease_expires_at = NULL
@@ -88,11 +112,14 @@ class _Floor:
             self.conn.ioloop.start()
         finally:
             self.conn.ioloop.close()  # its wake-up socket pair
-            self.db.close()
+            self._close()
         if self.error is not None:
             raise DrainError(f"floor relay: {self.error} ({self.marked} of {self.expected})")
         seconds = self.finished - self.started
         return DrainResult("floor", self.marked, seconds, cpu=self.meter.stop(seconds))
+
+    def _close(self) -> None:
+        self.db.close()
 
     def _fail(self, why: str) -> None:
         if self.error is None and self.marked < self.expected:
@@ -149,21 +176,138 @@ class _Floor:
 
     def _publish(self, rows: Sequence[tuple[Any, ...]]) -> None:
         publish, tags, tag = self.channel.basic_publish, self.tags, self.next_tag
-        for seq, id_, exchange, routing_key, payload, content_type, headers, created in sorted(
-            rows
-        ):
-            props = pika.BasicProperties(
-                content_type=content_type,
-                delivery_mode=2,
-                message_id=str(id_),
-                timestamp=int(created.timestamp()),
-                headers=headers,
-            )
-            publish(exchange, routing_key, payload, props, True)
-            tags[tag] = seq
+        for row in sorted(rows):
+            publish(row[2], row[3], row[4], _properties(row), True)
+            tags[tag] = row[0]
             tag += 1
         self.next_tag = tag
         self.in_window += len(rows)
+
+
+def _properties(row: Sequence[Any]) -> pika.BasicProperties:
+    """What the relay sends beside a claimed row's body (a row of _CLAIM's columns)."""
+    return pika.BasicProperties(
+        content_type=row[5],
+        delivery_mode=2,
+        message_id=str(row[1]),
+        timestamp=int(row[7].timestamp()),
+        headers=row[6],
+    )
+
+
+class _KeyedFloor(_Floor):
+    """One chain per key on the IO loop's thread; every statement on a second thread, its
+    result handed back to the IO loop (add_callback_threadsafe)."""
+
+    def __init__(
+        self, db_url: str, amqp_url: str, expected: int, run: int, chunk: int, timeout: float
+    ):
+        super().__init__(db_url, amqp_url, expected, run, 0, timeout)
+        self.chunk = chunk
+        with self.db.cursor() as cur:  # before the clock runs: not what is measured
+            cur.execute(_KEYS)
+            keys = sorted(str(key) for (key,) in cur.fetchall())
+        self.chains: dict[str, deque[Sequence[Any]]] = {key: deque() for key in keys}
+        self.after = dict.fromkeys(keys, 0)  # the last seq claimed of each key
+        self.claiming: set[str] = set()  # keys whose next run is being claimed
+        self.ended: set[str] = set()  # keys whose last claim came short: nothing more
+        self.lanes: dict[int, str] = {}  # delivery tag -> its key, sent and unconfirmed
+        self.sending: set[str] = set()  # keys with a message unconfirmed
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="floor-db")
+
+    def _close(self) -> None:
+        self.pool.shutdown(wait=True)
+        super()._close()
+
+    def _on_ready(self, _frame: Any) -> None:
+        self.meter.start()
+        self.started = time.perf_counter()
+        for key in self.chains:
+            self._claim_run(key)
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        if not isinstance(method, spec.Basic.Ack):
+            self._fail("the broker nacked a message")
+            return
+        tags, tag = self.tags, method.delivery_tag
+        done = list(itertools.takewhile(lambda t: t <= tag, tags)) if method.multiple else [tag]
+        for t in done:
+            self.confirmed.append(tags.pop(t))
+            key = self.lanes.pop(t)
+            self.sending.discard(key)
+            self._send(key)
+        self._mark(len(self.confirmed) >= self.chunk)
+
+    def _send(self, key: str) -> None:
+        chain = self.chains[key]
+        if not chain:
+            return  # its next run is being claimed, or it has no more
+        row = chain.popleft()
+        self.channel.basic_publish(row[2], row[3], row[4], _properties(row), True)
+        self.tags[self.next_tag] = row[0]
+        self.lanes[self.next_tag] = key
+        self.next_tag += 1
+        self.sending.add(key)
+        if len(chain) <= self.chunk and key not in self.claiming and key not in self.ended:
+            self._claim_run(key)
+
+    def _claim_run(self, key: str) -> None:
+        self.claiming.add(key)
+        params = {"token": self.token, "key": key, "after": self.after[key], "limit": self.claim}
+
+        def claim() -> list[tuple[Any, ...]]:
+            with self.db.cursor() as cur:
+                cur.execute(_CLAIM_RUN, params)
+                return sorted(cur.fetchall())
+
+        self._in_background(claim, lambda rows: self._claimed(key, rows))
+
+    def _claimed(self, key: str, rows: list[tuple[Any, ...]]) -> None:
+        self.claiming.discard(key)
+        if len(rows) < self.claim:
+            self.ended.add(key)
+        if rows:
+            self.after[key] = rows[-1][0]
+            self.chains[key].extend(rows)
+            if key not in self.sending:
+                self._send(key)
+        self._mark(False)
+
+    def _mark(self, full: bool) -> None:
+        """Mark what was confirmed: a chunk at a time, and the rest once nothing is moving."""
+        if not self.confirmed or not (full or not (self.sending or self.claiming)):
+            return
+        seqs, self.confirmed = self.confirmed, []
+        params = {"seqs": seqs, "token": self.token}
+
+        def mark() -> int:
+            with self.db.cursor() as cur:
+                cur.execute(_MARK, params)
+            return len(seqs)
+
+        self._in_background(mark, self._marked)
+
+    def _marked(self, count: int) -> None:
+        self.marked += count
+        if self.marked >= self.expected:
+            self.finished = time.perf_counter()
+            self.conn.close()
+
+    def _in_background(self, work: Callable[[], T], then: Callable[[T], None]) -> None:
+        """Run `work` on the database's thread, then `then(result)` on the IO loop's."""
+        ioloop = self.conn.ioloop
+
+        def job() -> None:
+            try:
+                result = work()
+            except Exception as exc:  # the IO loop's thread reports it
+                why = f"database: {exc!r}"
+                ioloop.add_callback_threadsafe(lambda: self._fail(why))
+                return
+            ioloop.add_callback_threadsafe(lambda: then(result))
+
+        self.pool.submit(job)
 
 
 def drain_floor(
@@ -172,3 +316,18 @@ def drain_floor(
     """Drain `expected` ready unkeyed rows with the floor relay above, `claim` rows a claim at
     most and `window` in it; rate from its first claim to its last mark."""
     return _Floor(db_url, amqp_url, expected, claim, window, timeout).run()
+
+
+def drain_floor_keys(
+    db_url: str,
+    amqp_url: str,
+    expected: int,
+    *,
+    run: int = NEXT_RUN,
+    chunk: int = CHUNK,
+    timeout: float,
+) -> DrainResult:
+    """Drain `expected` ready keyed rows with the keyed floor relay above, each key one message
+    unconfirmed at a time, `run` of a key a claim and `chunk` confirmed a mark (the relay's
+    sizes by default); rate from its first claim to its last mark."""
+    return _KeyedFloor(db_url, amqp_url, expected, run, chunk, timeout).run()

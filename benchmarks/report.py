@@ -167,6 +167,8 @@ def figures(results: Results) -> Figures:
         hot_serial=value("hot-serial"),
         hot_4=value("hot-4"),
         hot_serial_4=value("hot-serial-4"),
+        hot_floor_1=value("hot-floor-1"),
+        hot_floor_4=value("hot-floor-4"),
         neighbour=value("neighbour"),
         neighbour_alone=value("neighbour-alone"),
         small=value("small"),

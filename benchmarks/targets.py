@@ -74,6 +74,8 @@ class Figures:
     hot_serial: float | None = None  # raw pika, one confirm at a time
     hot_4: float | None = None
     hot_serial_4: float | None = None  # raw pika, four unconfirmed
+    hot_floor_1: float | None = None  # the floor relay on one key (benchmarks/floor.py)
+    hot_floor_4: float | None = None  # and on four
     neighbour: float | None = None  # the healthy exchange beside a broken one
     neighbour_alone: float | None = None  # the same drain with nothing broken beside it
     small: float | None = None
@@ -126,9 +128,15 @@ def target_lines(f: Figures) -> list[str]:
         lines.append(verdict(f"steady kill duplicates <= {STEADY_KILL}", met, detail))
     raw = f"{HOT_BOUND:.1f}x raw pika with"
     lines += _at_least(f"one hot key >= {raw} one unconfirmed", f.hot_1, f.hot_serial, HOT_BOUND)
+    if f.hot_floor_1 is not None and f.hot_serial:
+        pair = _rate_pair(f.hot_floor_1, f.hot_serial)
+        lines.append(f"  bound: the floor relay on one key, {pair}")
     lines += _at_least(
         f"four hot keys >= {raw} four unconfirmed", f.hot_4, f.hot_serial_4, HOT_BOUND
     )
+    if f.hot_floor_4 is not None and f.hot_serial_4:
+        pair = _rate_pair(f.hot_floor_4, f.hot_serial_4)
+        lines.append(f"  bound: the floor relay on four keys, {pair}")
     lines += _at_least(
         f"healthy exchange beside a broken one >= {BESIDE_BROKEN:.1f}x alone",
         f.neighbour,

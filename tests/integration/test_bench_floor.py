@@ -1,5 +1,6 @@
-"""The floor relay the bench measures the relay against (benchmarks/floor.py) does the relay's
-work for real: every ready row published once, with its id, then marked published."""
+"""The floor relays the bench measures the relay against (benchmarks/floor.py) do the relay's
+work for real: every ready row published once, with its id, then marked published; on hot keys,
+each key's messages in order."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 import outbox
-from benchmarks.floor import drain_floor
+from benchmarks.floor import drain_floor, drain_floor_keys
+from relay.loop.chains import NEXT_RUN
 from tests.support.broker import Broker
 
 pytestmark = pytest.mark.integration
@@ -33,6 +35,36 @@ def test_the_floor_relay_publishes_every_ready_row_once_and_marks_it(
     received = broker.collect_ids(ids, timeout=30)
     assert sorted(str(d.message_id) for d in received) == sorted(str(i) for i in ids)
     assert {d.properties.headers["n"] for d in received} == {str(n) for n in range(1_200)}
+    with pg_engine.connect() as conn:
+        found_states = conn.execute(text("SELECT state, count(*) FROM outbox_message GROUP BY 1"))
+        states = {state: count for state, count in found_states}
+    assert states == {"published": len(ids)}
+
+
+def test_the_keyed_floor_relay_publishes_each_key_in_order_across_its_runs(
+    pg_url: str, pg_engine: Engine, broker: Broker, amqp_url: str
+) -> None:
+    keys = ("a", "b", "c")
+    per_key = 2 * NEXT_RUN + 17  # three runs each, the last one short
+    with pg_engine.begin() as conn:
+        ids = [
+            outbox.enqueue(
+                conn,
+                exchange=broker.exchange,
+                routing_key="floor",
+                payload={"n": n},
+                key=keys[n % len(keys)],
+                headers={"n": str(n)},
+            )
+            for n in range(per_key * len(keys))
+        ]
+    found = drain_floor_keys(pg_url, amqp_url, len(ids), timeout=60)
+    assert found.messages == len(ids)
+    received = broker.collect_ids(ids, timeout=30)
+    assert sorted(str(d.message_id) for d in received) == sorted(str(i) for i in ids)
+    for k, key in enumerate(keys):
+        got = [n for d in received if (n := int(d.properties.headers["n"])) % len(keys) == k]
+        assert got == list(range(k, per_key * len(keys), len(keys))), key
     with pg_engine.connect() as conn:
         found_states = conn.execute(text("SELECT state, count(*) FROM outbox_message GROUP BY 1"))
         states = {state: count for state, count in found_states}

@@ -212,3 +212,22 @@ def test_a_broken_exchange_s_message_lost_published_or_dead_is_a_problem(
     states: dict[str, int], outcomes: dict[str, int]
 ) -> None:
     assert Held(500, states, outcomes).problem is not None
+
+
+def test_the_hot_key_floors_are_printed_as_the_bounds_beside_their_targets() -> None:
+    lines = target_lines(
+        Figures(
+            hot_1=1800.0,
+            hot_serial=2000.0,
+            hot_4=3900.0,
+            hot_serial_4=5000.0,
+            hot_floor_1=1900.0,
+            hot_floor_4=4000.0,
+        )
+    )
+    one = lines.index(_line(lines, "target one hot key"))
+    assert lines[one].endswith(": met (1,800 vs 2,000 msg/s: 0.90x)")
+    assert lines[one + 1] == "  bound: the floor relay on one key, 1,900 vs 2,000 msg/s: 0.95x"
+    four = lines.index(_line(lines, "target four hot keys"))
+    assert lines[four].endswith(": NOT met (3,900 vs 5,000 msg/s: 0.78x)")
+    assert lines[four + 1] == "  bound: the floor relay on four keys, 4,000 vs 5,000 msg/s: 0.80x"
