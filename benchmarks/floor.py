@@ -139,14 +139,22 @@ class _Floor:
         self.started = time.perf_counter()
         self._turn()
 
-    def _on_confirm(self, frame: Any) -> None:
+    def _acked(self, frame: Any) -> list[int] | None:
+        """The delivery tags a confirm acks; None, and the run failed, if it is a nack."""
         method = frame.method
         if not isinstance(method, spec.Basic.Ack):
             self._fail("the broker nacked a message")
+            return None
+        tag = method.delivery_tag
+        if not method.multiple:
+            return [tag]
+        return list(itertools.takewhile(lambda t: t <= tag, self.tags))
+
+    def _on_confirm(self, frame: Any) -> None:
+        acked = self._acked(frame)
+        if acked is None:
             return
-        tags, tag = self.tags, method.delivery_tag
-        done = list(itertools.takewhile(lambda t: t <= tag, tags)) if method.multiple else [tag]
-        self.confirmed.extend(tags.pop(t) for t in done)
+        self.confirmed.extend(self.tags.pop(t) for t in acked)
         if not self.turn_due:  # one turn after every confirm the poll read: one mark for them
             self.turn_due = True
             self.conn.ioloop.call_later(0, self._turn)
@@ -226,14 +234,11 @@ class _KeyedFloor(_Floor):
             self._claim_run(key)
 
     def _on_confirm(self, frame: Any) -> None:
-        method = frame.method
-        if not isinstance(method, spec.Basic.Ack):
-            self._fail("the broker nacked a message")
+        acked = self._acked(frame)
+        if acked is None:
             return
-        tags, tag = self.tags, method.delivery_tag
-        done = list(itertools.takewhile(lambda t: t <= tag, tags)) if method.multiple else [tag]
-        for t in done:
-            self.confirmed.append(tags.pop(t))
+        for t in acked:
+            self.confirmed.append(self.tags.pop(t))
             key = self.lanes.pop(t)
             self.sending.discard(key)
             self._send(key)

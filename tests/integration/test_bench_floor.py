@@ -35,10 +35,7 @@ def test_the_floor_relay_publishes_every_ready_row_once_and_marks_it(
     received = broker.collect_ids(ids, timeout=30)
     assert sorted(str(d.message_id) for d in received) == sorted(str(i) for i in ids)
     assert {d.properties.headers["n"] for d in received} == {str(n) for n in range(1_200)}
-    with pg_engine.connect() as conn:
-        found_states = conn.execute(text("SELECT state, count(*) FROM outbox_message GROUP BY 1"))
-        states = {state: count for state, count in found_states}
-    assert states == {"published": len(ids)}
+    assert _states(pg_engine) == {"published": len(ids)}
 
 
 def test_the_keyed_floor_relay_publishes_each_key_in_order_across_its_runs(
@@ -65,7 +62,10 @@ def test_the_keyed_floor_relay_publishes_each_key_in_order_across_its_runs(
     for k, key in enumerate(keys):
         got = [n for d in received if (n := int(d.properties.headers["n"])) % len(keys) == k]
         assert got == list(range(k, per_key * len(keys), len(keys))), key
-    with pg_engine.connect() as conn:
-        found_states = conn.execute(text("SELECT state, count(*) FROM outbox_message GROUP BY 1"))
-        states = {state: count for state, count in found_states}
-    assert states == {"published": len(ids)}
+    assert _states(pg_engine) == {"published": len(ids)}
+
+
+def _states(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        found = conn.execute(text("SELECT state, count(*) FROM outbox_message GROUP BY 1"))
+        return {state: count for state, count in found}
