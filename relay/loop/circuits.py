@@ -29,12 +29,14 @@ _EVENTS = {
     CircuitState.HALF_OPEN: "circuit.half_open",
     CircuitState.CLOSED: "circuit.closed",
 }
+REOPENED = "circuit.reopened"  # half-open, and the probe failed
+EVENTS = (*_EVENTS.values(), REOPENED)  # every event log_transition logs
 
 
 def log_transition(t: Transition) -> None:
     event = _EVENTS[t.after]
     if t.before is CircuitState.HALF_OPEN and t.after is CircuitState.OPEN:
-        event = "circuit.reopened"
+        event = REOPENED
     level = logging.WARNING if t.after is CircuitState.OPEN else logging.INFO
     extra: dict[str, object] = {"resource": t.resource, "reason": t.reason}
     if t.until is not None:

@@ -11,7 +11,8 @@ class Counts:
 
     claimed: int = 0
     published: int = 0
-    retried: int = 0  # failed attempts to be tried again: retries and deferrals
+    retried: int = 0  # failed attempts to be tried again, each charged an attempt
+    deferred: int = 0  # held back for later, no attempt charged (backpressure, an open circuit)
     dead: int = 0
     released: int = 0  # released unsent (shutdown)
     reclaimed: int = 0  # expired leases, of any relay, returned to the ready set
@@ -23,6 +24,7 @@ class Counts:
         self.claimed += other.claimed
         self.published += other.published
         self.retried += other.retried
+        self.deferred += other.deferred
         self.dead += other.dead
         self.released += other.released
         self.reclaimed += other.reclaimed

@@ -73,6 +73,9 @@ _WAKE = object()
 _DECLARED_DEAD = object()  # another relay found this one's heartbeat stopped
 # Why a row held with nothing to settle it was released (Relay._release_orphans).
 ORPHANED = "held by the relay with nothing to settle it (a relay bug): released"
+# `relay.progress` at INFO while the relay works: at once for the first message settled after a
+# quiet spell, then at most once per this many seconds; a relay with nothing to do says nothing.
+PROGRESS_EVERY = 60.0
 
 
 def utc_now() -> dt.datetime:
@@ -131,6 +134,9 @@ class Relay:
         )
         self.maintenance = Maintenance(store, config, leases=self._leases, wall=wall)
         self.summary = Counts()  # the sum of every pass so far
+        self._progress = Counts()  # since the last relay.progress line
+        self._progress_from = clock()
+        self._progress_logged = -PROGRESS_EVERY
         # When the loop last turned (for /healthz): one stuck in a call goes stale.
         self.heartbeat = clock()
         self._crashed = False  # run() is ending on an exception: release_all abandons
@@ -166,7 +172,7 @@ class Relay:
         counts = Counts()
         now = self._clock()
         self._settle(counts)
-        self.claimer.written(counts.published + counts.retried + counts.dead, now)
+        self.claimer.written(counts.published + counts.retried + counts.deferred + counts.dead, now)
         self._release_held_back(counts)
         publisher = self.publisher
         if self._leases.waiting and (not publisher.ready or publisher.blocked):
@@ -202,7 +208,28 @@ class Relay:
             except DatabaseUnavailable as exc:
                 self._db_failed("claim", exc)
         self.summary.add(counts)
+        self._log_progress(counts, now)
         return counts
+
+    def _log_progress(self, counts: Counts, now: float) -> None:
+        progress = self._progress
+        progress.add(counts)
+        settled = progress.published + progress.retried + progress.deferred + progress.dead
+        if not settled or now - self._progress_logged < PROGRESS_EVERY:
+            return
+        log.info(
+            "relay.progress",
+            extra={
+                "published": progress.published,
+                "retried": progress.retried,
+                "deferred": progress.deferred,
+                "dead": progress.dead,
+                "in_flight": self.in_flight,
+                "seconds": round(now - self._progress_from, 1),
+            },
+        )
+        self._progress = Counts()
+        self._progress_from = self._progress_logged = now
 
     def _settle(self, counts: Counts) -> None:
         """Take what the broker and the other threads said, then write every answered chunk."""
@@ -332,6 +359,7 @@ class Relay:
             extra={
                 "published": summary.published,
                 "retried": summary.retried,
+                "deferred": summary.deferred,
                 "dead": summary.dead,
                 "released": summary.released,
                 "drained": summary.drained,

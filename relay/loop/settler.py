@@ -221,8 +221,11 @@ def _count_failures(failures: list[Retry | Dead], counts: Counts) -> None:
         if kind == "dead":
             counts.dead += len(group)
             log.error("relay.dead_lettered", extra=extra)
+        elif kind == "deferred":
+            counts.deferred += len(group)
+            if cls != FailureClass.UNROUTABLE.value:
+                # An unroutable destination is logged once (relay.unroutable_waiting).
+                log.warning("relay.deferred", extra=extra)
         else:
             counts.retried += len(group)
-            if kind != "deferred" or cls != FailureClass.UNROUTABLE.value:
-                # An unroutable destination is logged once (relay.unroutable_waiting).
-                log.warning(f"relay.{kind}", extra=extra)
+            log.warning("relay.retry", extra=extra)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import random
 
 import pytest
@@ -24,9 +25,9 @@ from tests.unit.fakes import EPOCH, FakePublisher, FakeStore, make_claimed
 def test_a_run_is_the_sum_of_its_passes() -> None:
     total = Counts()
     total.add(Counts(claimed=3, published=2, failures={"rejected": 1}, full_batch=True))
-    total.add(Counts(published=1, retried=1, failures={"rejected": 1, "never_sent": 2}))
+    total.add(Counts(published=1, retried=1, deferred=2, failures={"rejected": 1, "never_sent": 2}))
     assert total == Counts(
-        claimed=3, published=3, retried=1, failures={"rejected": 2, "never_sent": 2}
+        claimed=3, published=3, retried=1, deferred=2, failures={"rejected": 2, "never_sent": 2}
     )  # full_batch is the last pass's: no backlog any more
     total.add(Counts(drained=False))
     total.add(Counts())
@@ -141,3 +142,34 @@ def test_the_looks_after_a_claim_that_took_all_there_was_double_their_wait() -> 
         assert relay.run_once().claimed == 0
     shortest = cfg.min_poll_interval
     assert looks == pytest.approx([shortest, 3 * shortest, 7 * shortest, 15 * shortest])
+
+
+def test_a_working_relay_says_so_at_info_at_once_then_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FakeStore()
+    store.add(make_claimed(1))
+    now = [1000.0]
+    cfg = RelayConfig(db_url="sqlite://", relay_id="t")
+    relay = wire_relay(store, FakePublisher(), cfg, clock=lambda: now[0], wall=lambda: EPOCH)
+
+    def progress() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage() == "relay.progress"]
+
+    with caplog.at_level(logging.INFO, logger="relay"):
+        relay.run_once()  # claims and sends
+        relay.run_once()  # settles: the first message after a quiet spell is said at once
+        said = [(r.levelname, r.__dict__["published"], r.__dict__["in_flight"]) for r in progress()]
+        assert said == [("INFO", 1, 0)]
+        store.add(make_claimed(2), make_claimed(3))
+        now[0] += 30.0
+        relay.run_once()
+        relay.run_once()
+        assert len(progress()) == 1  # within the minute: counted, not said
+        now[0] += 31.0
+        relay.run_once()  # nothing new, but two were settled since the last line
+        later = [(r.__dict__["published"], r.__dict__["seconds"]) for r in progress()[1:]]
+        assert later == [(2, 61.0)]
+        now[0] += 120.0
+        relay.run_once()
+        assert len(progress()) == 2  # nothing to do: nothing said

@@ -185,6 +185,8 @@ def test_backpressure_and_never_sent_defer_without_burning_attempts() -> None:
     assert store.states() == {1: "pending", 2: "pending", 3: "pending"}
     assert [store.rows[i].burned for i in (1, 2, 3)] == [0, 0, 1]  # only the ambiguous one
     assert relay.summary.failures == {"backpressure": 1, "never_sent": 1, "ambiguous": 1}
+    # The stop summary tells the two apart: only the ambiguous one was a retry.
+    assert (relay.summary.retried, relay.summary.deferred) == (1, 2)
 
 
 def test_idle_relay_waits_for_the_poll_interval_unless_woken() -> None:
