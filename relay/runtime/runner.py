@@ -12,11 +12,11 @@ from outbox.schema import SCHEMA_VERSION
 from outbox.shape import Shape
 from relay.amqp import topology
 from relay.amqp.publisher import Publisher
-from relay.core.urls import secrets_of
+from relay.core.urls import redact, secrets_of
 from relay.errors import ConfigError, RelayError, SchemaNotFound
 from relay.loop.relay import Relay
 from relay.loop.wiring import wire_relay
-from relay.runtime.config import RelayConfig
+from relay.runtime.config import DEFAULT_DB_URL, RelayConfig
 from relay.runtime.health import HealthServer
 from relay.runtime.logs import one_line
 from relay.runtime.telemetry import Telemetry, setup
@@ -30,9 +30,9 @@ log = logging.getLogger("relay")
 ABORT_RELEASE_TIMEOUT = 5.0
 
 
-def check_schema(store: SqlStore) -> None:
+def check_schema(store: SqlStore, where: str = "this database") -> None:
     """Fail fast, in one line naming what is missing and what to run, when the schema lacks
-    what this relay needs.
+    what this relay needs (`where`: the database as the line names it).
 
     A version `migrate` recorded is trusted. A schema without one (an Alembic migration made it
     from outbox.metadata) or with an older one is judged by its shape: complete, it is used;
@@ -43,7 +43,9 @@ def check_schema(store: SqlStore) -> None:
         return
     shape = store.schema_shape()
     if shape.absent:
-        raise SchemaNotFound("the outbox tables do not exist: run `outbox-relay migrate`")
+        raise SchemaNotFound(
+            f"the outbox tables do not exist in {where}: run `outbox-relay migrate`"
+        )
     if shape.blocking:
         raise SchemaNotFound(schema_refusal(shape))
     if shape.gaps:
@@ -64,6 +66,14 @@ def warn_autovacuum(store: SqlStore) -> None:
             "fix": "ALTER TABLE <table> RESET (autovacuum_enabled), or autovacuum = on",
         }
         log.warning("schema.autovacuum_off", extra=extra)
+
+
+def database_named(url: str) -> str:
+    """The database as a line names it: its URL without a password; the default one (SQLite,
+    made in the working directory on first use) says how to choose another."""
+    if url == DEFAULT_DB_URL:
+        return f"{url}, the default database (set OUTBOX_DB_URL or --db)"
+    return redact(url)
 
 
 # Characters of a refusal given to listing what is missing: the whole line must stay within
@@ -97,7 +107,7 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         statement_timeout=config.statement_timeout,
         relaxed_commit=True,  # claims and marks wait for no disk (Dialect.relaxed_commit)
     )
-    check_schema(store)
+    check_schema(store, database_named(config.db_url))
     publisher = Publisher(
         config.amqp_url,
         confirm_timeout=config.confirm_timeout,

@@ -28,8 +28,9 @@ def translate_db_error(engine: Engine, exc: DBAPIError) -> RelayError | None:
     bug or a broken schema and propagates.
     """
     if is_missing_table(exc):
+        where = engine.url.render_as_string(hide_password=True)
         return SchemaNotFound(
-            "the outbox tables do not exist in this database: run `outbox-relay migrate`"
+            f"the outbox tables do not exist in {where}: run `outbox-relay migrate`"
         )
     if sqlstate_of(exc.orig) == "42501":  # insufficient_privilege
         # A role without a grant it needs (relay/store/grants.py); the CLI names which.

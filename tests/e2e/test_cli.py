@@ -248,6 +248,15 @@ def test_run_without_the_schema_exits_1_and_says_to_migrate(
 ) -> None:
     line = assert_one_line_error(cli("--db", sqlite_url, "run", cwd=tmp_path), 1)
     assert "migrate" in line
+    assert f"do not exist in {sqlite_url}:" in line  # which database it looked in
+
+
+def test_run_on_the_default_database_says_it_was_the_default(tmp_path: Path) -> None:
+    line = assert_one_line_error(cli("run", cwd=tmp_path), 1)
+    assert (
+        "the outbox tables do not exist in sqlite:///outbox.db, the default database "
+        "(set OUTBOX_DB_URL or --db): run `outbox-relay migrate`"
+    ) in line
 
 
 def test_run_with_an_unreachable_broker_exits_1_with_one_line(
