@@ -2,8 +2,8 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# The project's extras and every development group, pinned by constraints.txt (make lock).
-EXTRAS := binary,mysql,async,console
+# Every extra of the project and every development group, pinned by constraints.txt (make lock).
+EXTRAS := relay,postgresql,binary,mysql,async,console
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
 .PHONY: help demo test docs lint typecheck unit integration bench chaos soak services clean lock

@@ -9,6 +9,8 @@ with Session(engine) as session, session.begin():
 `import outbox` loads neither pika nor the relay: an application that only enqueues pays for
 neither. The consumer's names (`outbox.Consumer`, `outbox.Processor`, ...), `outbox.testing` and
 `outbox.enqueue_async` (SQLAlchemy's asyncio extension) are imported on first use.
+`pip install outbox-relay` installs what the rest needs (SQLAlchemy, the OpenTelemetry API); the
+consumer's names need the relay extra (`pip install 'outbox-relay[relay]'`).
 """
 
 from __future__ import annotations
@@ -78,9 +80,35 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'outbox' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        loaded = importlib.import_module(module)
+    except ImportError as exc:
+        named = _needs_extra(name, module, exc)
+        if named is None:
+            raise
+        raise named from exc
+    value = getattr(loaded, name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
+
+
+# What `pip install outbox-relay` leaves out: pika and the rest of the relay extra for the
+# consumer, greenlet (SQLAlchemy's asyncio extension) for the async enqueue.
+_EXTRAS = {"outbox.consumer": "relay", "outbox.async_enqueue": "async"}
+
+
+def _needs_extra(name: str, module: str, exc: ImportError) -> ImportError | None:
+    """The error naming the extra to install when `module` failed for a missing dependency."""
+    cause = exc if isinstance(exc, ModuleNotFoundError) else exc.__cause__
+    absent = getattr(cause, "name", None)
+    extra = _EXTRAS.get(module)
+    if extra is None or not absent or absent.startswith("outbox"):
+        return None
+    return ModuleNotFoundError(
+        f"outbox.{name} needs the {extra} extra: pip install 'outbox-relay[{extra}]' "
+        f"({absent} is not installed)",
+        name=absent,
+    )
 
 
 def __dir__() -> list[str]:

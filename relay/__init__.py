@@ -20,9 +20,34 @@ Glossary: one word per thing, used in this sense only (docs/getting-started/glos
 - resource: what fails together (the broker, an exchange, ...); its circuit and rate bucket.
 """
 
-from relay.loop.counts import Counts
-from relay.loop.relay import Relay
-from relay.loop.wiring import wire_relay
-from relay.runtime.config import RelayConfig
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
+    from relay.loop.counts import Counts
+    from relay.loop.relay import Relay
+    from relay.loop.wiring import wire_relay
+    from relay.runtime.config import RelayConfig
+
+# Name -> the module that holds it, imported on first use (PEP 562): `outbox-relay` checks that
+# the relay extra is installed (relay/cli/entry.py) before anything imports tenacity or pika.
+_LAZY = {
+    "Counts": "relay.loop.counts",
+    "Relay": "relay.loop.relay",
+    "wire_relay": "relay.loop.wiring",
+    "RelayConfig": "relay.runtime.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'relay' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["Counts", "Relay", "RelayConfig", "wire_relay"]

@@ -1,5 +1,5 @@
 import sys
 
-from relay.cli.main import main
+from relay.cli.entry import main
 
 sys.exit(main())

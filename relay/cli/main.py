@@ -12,10 +12,8 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn
 
-from outbox.schema import SCHEMA_VERSION
 from relay.cli import (
     circuits,
     console,
@@ -28,6 +26,7 @@ from relay.cli import (
     sql,
     topology,
 )
+from relay.cli.entry import needs, version_line
 from relay.cli.options import (
     Handler,
     accept_global_options_after,
@@ -62,22 +61,14 @@ _COMMANDS: dict[str, Handler] = {
     **topology.COMMANDS,
     **sql.COMMANDS,
 }
+# The extra a command needs beyond the relay's (relay/cli/entry.py checks that one).
+_EXTRAS = {"console": "console"}
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, not a usage dump: operators read this in container logs.
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see --help)\n")
-
-
-def version_line() -> str:
-    """`outbox-relay --version`: the release (from the installed package's metadata, whose one
-    source is pyproject.toml) and the schema version this release migrates to."""
-    try:
-        release = version("outbox-relay")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        release = "unknown"
-    return f"outbox-relay {release} (schema {SCHEMA_VERSION})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # bad usage (one line, see _Parser), --help, --version
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    extra = _EXTRAS.get(args.command)
+    problem = needs(extra, args.command) if extra else None
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return EXIT_USAGE
     try:
         config = configure(args, os.environ)
     except ConfigError as exc:

@@ -44,13 +44,19 @@ def database_url(raw: str) -> URL:
     return url
 
 
-# The drivers an extra of outbox-relay installs: the module each is imported as, and how to get
-# it. PyMySQL is an extra; psycopg is always installed, but needs libpq (the PostgreSQL client
-# library) unless its binary build is, which bundles one.
-DRIVER_INSTALLS: dict[str, tuple[str, str]] = {
-    "pymysql": ("pymysql", "PyMySQL is not installed: pip install 'outbox-relay[mysql]'"),
+# The drivers the extras of outbox-relay install: the module each is imported as, what to say
+# when it is not installed, and when it is but cannot load (psycopg needs libpq, the PostgreSQL
+# client library, unless its binary build is installed, which bundles one).
+DRIVER_INSTALLS: dict[str, tuple[str, str, str]] = {
+    "pymysql": (
+        "pymysql",
+        "PyMySQL is not installed: pip install 'outbox-relay[mysql]'",
+        "PyMySQL cannot be imported: pip install 'outbox-relay[mysql]'",
+    ),
     "psycopg": (
         "psycopg",
+        "psycopg is not installed: pip install 'outbox-relay[binary]', or "
+        "'outbox-relay[postgresql]' to use the system's libpq",
         "psycopg cannot load libpq, the PostgreSQL client library: install it (libpq5 on "
         "Debian and Ubuntu), or pip install 'outbox-relay[binary]'",
     ),
@@ -61,11 +67,13 @@ def require_driver(driver: str) -> None:
     """ConfigError, saying what to install, when `driver` cannot be imported."""
     if driver not in DRIVER_INSTALLS:
         return
-    module, remedy = DRIVER_INSTALLS[driver]
+    module, absent, broken = DRIVER_INSTALLS[driver]
     try:
         importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(absent if exc.name == module else broken) from None
     except ImportError:
-        raise ConfigError(remedy) from None
+        raise ConfigError(broken) from None
 
 
 def driver_arguments(url: URL) -> tuple[URL, dict[str, Any]]:

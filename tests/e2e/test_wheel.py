@@ -1,9 +1,10 @@
 """The package as a user installs it: `python -m build` makes the sdist and, from it, the wheel;
-the wheel goes into a fresh virtual environment with the extra a PostgreSQL user adds (`binary`),
-at the versions constraints.txt pins; then the installed `outbox-relay` runs from a directory
-outside the repository, with no PYTHONPATH, so nothing is imported from the source tree:
-`--version`, `demo` (SQLite and the local RabbitMQ, ending by itself), and `migrate` and the
-console on PostgreSQL, whose page, stylesheet and script come from the package's data files."""
+the wheel goes into a fresh virtual environment with the extras a relay on PostgreSQL adds
+(`relay`, `binary`) and the console's, at the versions constraints.txt pins; then the installed
+`outbox-relay` runs from a directory outside the repository, with no PYTHONPATH, so nothing is
+imported from the source tree: `--version`, `demo` (SQLite and the local RabbitMQ, ending by
+itself), and `migrate` and the console on PostgreSQL, whose page, stylesheet and script come from
+the package's data files. tests/e2e/test_extras.py installs the same wheel without extras."""
 
 from __future__ import annotations
 
@@ -80,26 +81,40 @@ def run(*args: str | Path, cwd: Path, timeout: float = 600) -> None:
     assert done.returncode == 0, f"{args}\nstdout: {done.stdout[-3000:]}\nstderr: {done.stderr}"
 
 
-@pytest.fixture(scope="session")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    tmp = tmp_path_factory.mktemp("wheel")
-    dist, workdir = tmp / "dist", tmp / "work"
-    workdir.mkdir()
-    # Without --wheel: the sdist first, then the wheel built from the sdist, so a file the sdist
-    # leaves out fails here too.
-    run(sys.executable, "-m", "build", "--outdir", dist, ROOT, cwd=tmp)
-    assert (dist / f"outbox_relay-{RELEASE}.tar.gz").is_file()
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of the source tree, built once per session (per xdist worker: this module and
+    test_extras.py share the "wheel" group, so one worker builds it once for both)."""
+    dist = tmp_path_factory.getbasetemp() / "dist"
     wheel = dist / f"outbox_relay-{RELEASE}-py3-none-any.whl"
-    assert wheel.is_file(), sorted(p.name for p in dist.iterdir())
+    if not wheel.is_file():
+        # Without --wheel: the sdist first, then the wheel built from the sdist, so a file the
+        # sdist leaves out fails here too.
+        run(sys.executable, "-m", "build", "--outdir", dist, ROOT, cwd=dist.parent)
+        assert (dist / f"outbox_relay-{RELEASE}.tar.gz").is_file()
+        assert wheel.is_file(), sorted(p.name for p in dist.iterdir())
+    return wheel
 
-    venv = tmp / "venv"
+
+def install(tmp_path_factory: pytest.TempPathFactory, *requirements: str) -> Installed:
+    """A fresh virtual environment with `requirements` resolved as pip resolves them for a user
+    (dependencies and all, from the package index), at the versions constraints.txt pins;
+    `{wheel}` in a requirement is the built wheel's URL."""
+    wheel = built_wheel(tmp_path_factory).as_uri()
+    tmp = tmp_path_factory.mktemp("installed")
+    venv, workdir = tmp / "venv", tmp / "work"
+    workdir.mkdir()
     run(sys.executable, "-m", "venv", venv, cwd=tmp)
     run(
         venv / "bin" / "python", "-m", "pip", "install", "--quiet",
-        "-c", ROOT / "constraints.txt", f"outbox-relay[binary,console] @ {wheel.as_uri()}",
+        "-c", ROOT / "constraints.txt", *(r.format(wheel=wheel) for r in requirements),
         cwd=workdir,
     )  # fmt: skip
     return Installed(venv, workdir)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return install(tmp_path_factory, "outbox-relay[relay,binary,console] @ {wheel}")
 
 
 def test_the_installed_package_is_the_wheel_not_the_source_tree(installed: Installed) -> None:
