@@ -4,6 +4,7 @@ the `outbox-relay` command names the extra it lacks in one line, before importin
 
 from __future__ import annotations
 
+import importlib
 import re
 import tomllib
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from relay.cli import entry
+from relay.errors import ConfigError
+from relay.store import databases
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -109,3 +112,25 @@ def test_without_the_console_extra_the_console_exits_2_naming_it(
     )
     # The other commands do not need it.
     assert entry.main(["--db", "sqlite://", "sql"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("failure", "says"),
+    [
+        (ModuleNotFoundError("No module named 'psycopg'", name="psycopg"), "is not installed"),
+        (ImportError("no pq wrapper available"), "cannot load libpq"),
+    ],
+)
+def test_a_postgresql_url_without_a_usable_psycopg_names_the_extras(
+    monkeypatch: pytest.MonkeyPatch, failure: ImportError, says: str
+) -> None:
+    def unimportable(name: str) -> object:
+        raise failure
+
+    monkeypatch.setattr(importlib, "import_module", unimportable)
+    with pytest.raises(ConfigError) as raised:
+        databases.require_driver("psycopg")
+    assert says in str(raised.value)
+    assert "pip install 'outbox-relay[binary]'" in str(raised.value)
+    if says == "is not installed":
+        assert "'outbox-relay[postgresql]'" in str(raised.value)
