@@ -38,13 +38,14 @@ from outbox.errors import (
     SchemaMissing,
     UnsupportedDatabase,
 )
+from outbox.many import enqueue_many
 from outbox.schema import create_schema, metadata
 from outbox.signing import BadSignature, verify
 from outbox.states import State
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
     import outbox.testing as testing
-    from outbox.async_enqueue import enqueue_async
+    from outbox.async_enqueue import enqueue_async, enqueue_many_async
     from outbox.consumer import (
         Consumer,
         ConsumerPolicy,
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
 # enqueue imports SQLAlchemy's asyncio extension, which a sync application never needs.
 _LAZY = {
     "enqueue_async": "outbox.async_enqueue",
+    "enqueue_many_async": "outbox.async_enqueue",
     "Consumer": "outbox.consumer",
     "ConsumerPolicy": "outbox.consumer",
     "Message": "outbox.consumer",
@@ -145,6 +147,8 @@ __all__ = [
     "dramatiq_message_with_options",
     "enqueue",
     "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
     "metadata",
     "process_once",
     "process_once_async",

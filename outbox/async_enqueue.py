@@ -1,33 +1,35 @@
-"""`enqueue_async`: `enqueue` for SQLAlchemy's AsyncSession and AsyncConnection, and for asyncpg's
-and psycopg's async connections.
+"""`enqueue_async` and `enqueue_many_async`: `enqueue` and `enqueue_many` for SQLAlchemy's
+AsyncSession and AsyncConnection, and for asyncpg's and psycopg's async connections.
 
-Not a second implementation: the message is validated and built by the same `prepare`, in the
-caller's task (so the trace context captured is the caller's), and inserted by the same `write`,
-which SQLAlchemy runs on the sync face of the async connection (`run_sync`). Idempotency races,
-NOTIFY, `SchemaMissing` and error translation are therefore exactly `enqueue`'s, on asyncpg,
-psycopg's async mode and aiosqlite alike.
+Not a second implementation: the messages are validated and built by the same `prepare`, in the
+caller's task (so the trace context captured is the caller's), and inserted by the same `write`
+(`write_many`), which SQLAlchemy runs on the sync face of the async connection (`run_sync`).
+Idempotency races, NOTIFY, `SchemaMissing` and error translation are therefore exactly
+`enqueue`'s, on asyncpg, psycopg's async mode and aiosqlite alike.
 
-Loaded on first use of `outbox.enqueue_async`: `import outbox` does not import SQLAlchemy's
-asyncio extension (nor greenlet).
+Loaded on first use of `outbox.enqueue_async` or `outbox.enqueue_many_async`: `import outbox`
+does not import SQLAlchemy's asyncio extension (nor greenlet).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
 from outbox.enqueue import write
+from outbox.many import prepare_many, write_many
 from outbox.plain import AsyncDBAPIConnection, driver_of, refuse_autocommit
 from outbox.prepared import prepare
 from outbox.sessions import wrong_object
 
 AsyncDb = AsyncSession | async_scoped_session[Any] | AsyncConnection | AsyncDBAPIConnection
 _CALL = "outbox.enqueue_async"
+_MANY_CALL = "outbox.enqueue_many_async"
 
 
 async def enqueue_async(
@@ -95,6 +97,36 @@ async def enqueue_async(
     )
     async with handle as conn:
         return await conn.run_sync(write, prepared)
+
+
+async def enqueue_many_async(db: AsyncDb, messages: Iterable[Mapping[str, Any]]) -> list[uuid.UUID]:
+    """Add many messages to the caller's transaction; return their ids, in the items' order.
+
+    `enqueue_many` for SQLAlchemy's asyncio extension and for asyncpg's and psycopg's async
+    connections: the same items, the same checks (every item before anything is written), the
+    same statements and the same errors.
+
+    Args:
+        db: The caller's transaction, as for `enqueue_async`.
+        messages: As for `enqueue_many`: mappings of `enqueue`'s keyword arguments.
+
+    Returns:
+        The message ids, one per item, in the items' order.
+
+    Raises:
+        InvalidSession: `db` is none of what `enqueue_async` takes.
+        NotInTransaction: `db` is an asyncpg or psycopg connection outside any transaction.
+        InvalidMessage: An item is invalid (see `enqueue_many`). Nothing is written.
+        SchemaMissing: The outbox tables do not exist in this database.
+        IdempotencyConflict: A concurrent transaction holds one of the idempotency keys and
+            this one cannot see its row; retry the transaction.
+    """
+    handle = async_connection(db, call=_MANY_CALL, sync_call="outbox.enqueue_many", writes=True)
+    prepared = prepare_many(messages)
+    if not prepared:
+        return []
+    async with handle as conn:
+        return await conn.run_sync(write_many, prepared)
 
 
 def async_connection(

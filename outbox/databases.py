@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -88,6 +88,11 @@ class Database:
     def direct_insert(self, conn: Connection, prepared: Prepared, *, notify: bool) -> bool:
         """Insert `prepared` by a path of the database's own, if it has one that covers it;
         whether it did."""
+        return False
+
+    def direct_insert_many(self, conn: Connection, prepared: Sequence[Prepared]) -> bool:
+        """Insert `prepared` (none with an idempotency key), in their order, by a path of the
+        database's own, if it has one; whether it did (else SQLAlchemy's executemany does)."""
         return False
 
     # ------------------------------------------------------------------ the inbox
@@ -233,6 +238,12 @@ class Postgresql(Database):
         if not pg_insert.covers(conn, prepared):
             return False
         pg_insert.insert_message(conn, prepared, notify=notify)  # the common path
+        return True
+
+    def direct_insert_many(self, conn: Connection, prepared: Sequence[Prepared]) -> bool:
+        if not pg_insert.covers_all(conn):
+            return False
+        pg_insert.insert_messages(conn, prepared)  # a column an array, a chunk a statement
         return True
 
     def record_inbox(self, conn: Connection, row: Mapping[str, Any]) -> bool:

@@ -132,7 +132,7 @@ def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
     the sync face of its AsyncConnection, so both translate errors and race the same way."""
     database = database_of(conn.dialect.name)  # before any SQL
     statements = database.inserts
-    wake = statements.notify if statements.notify is not None and _notify_now() else None
+    wake = statements.notify if statements.notify is not None and notify_now() else None
     try:
         if database.direct_insert(conn, prepared, notify=wake is not None):
             return prepared.id
@@ -147,22 +147,34 @@ def _insert(
     conn: Connection, statements: Inserts, prepared: Prepared, wake: str | None
 ) -> uuid.UUID:
     """The insert through SQLAlchemy (where `direct_insert` declined), then `wake` if given."""
-    params = dict(prepared.params)
-    if statements.server_clock:
-        params["delay"] = prepared.wait or _ZERO
-        params["delay_us"] = (prepared.wait or _ZERO) // _MICROSECOND
-    else:
-        now = dt.datetime.now(dt.UTC)
-        params["created_at"] = now
-        params["available_at"] = now + prepared.wait if prepared.wait else now
+    params = core_params(statements, prepared, app_clock(statements))
     if prepared.idempotency_key is None:
         conn.execute(statements.insert, params)
         result = prepared.id
     else:
-        result = _insert_idempotent(conn, statements, params, prepared.idempotency_key)
+        result = insert_idempotent(conn, statements, params, prepared.idempotency_key)
     if wake is not None:
         conn.exec_driver_sql(wake)
     return result
+
+
+def app_clock(statements: Inserts) -> dt.datetime | None:
+    """The application's clock where the database takes the row's times from it (SQLite); None
+    where the database stamps the row itself."""
+    return None if statements.server_clock else dt.datetime.now(dt.UTC)
+
+
+def core_params(statements: Inserts, prepared: Prepared, now: dt.datetime | None) -> dict[str, Any]:
+    """The bind values of `statements`' INSERT for `prepared`: the delay where the database
+    stamps the row, else the times from `now`, the application's clock."""
+    params = dict(prepared.params)
+    if now is None:
+        params["delay"] = prepared.wait or _ZERO
+        params["delay_us"] = (prepared.wait or _ZERO) // _MICROSECOND
+    else:
+        params["created_at"] = now
+        params["available_at"] = now + prepared.wait if prepared.wait else now
+    return params
 
 
 _ZERO = dt.timedelta(0)
@@ -170,7 +182,7 @@ _MICROSECOND = dt.timedelta(microseconds=1)
 _ration: tuple[LibrarySettings, NotifyRation] | None = None  # and the settings it was made for
 
 
-def _notify_now() -> bool:
+def notify_now() -> bool:
     """Whether this insert should wake an idle relay at commit (PostgreSQL delivers NOTIFY at
     commit, and not at all on rollback): the process's ration (outbox/ration.py) decides."""
     global _ration
@@ -183,9 +195,10 @@ def _notify_now() -> bool:
     return held[1].take(time.monotonic())
 
 
-def _insert_idempotent(
+def insert_idempotent(
     conn: Connection, statements: Inserts, params: dict[str, Any], idempotency_key: str
 ) -> uuid.UUID:
+    """Insert unless `idempotency_key` is taken; the id of the row that holds it either way."""
     if statements.existing is not None:
         return _insert_idempotent_mysql(conn, statements, params, idempotency_key)
     try:
