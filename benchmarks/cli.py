@@ -17,7 +17,10 @@ Phases, in order (choose with --phases):
                secret): what signing costs (target: the signed drain within 5%)
   store        diagnostic: the store's claim + mark_published alone, nothing published
   publisher    diagnostic: relay.Publisher alone, fed pre-built messages, no database
-  enqueue      what outbox.enqueue costs a one-row transaction (commits/s with and without it)
+  enqueue      what outbox.enqueue costs a one-row transaction (commits/s with and without it;
+               on PostgreSQL also beside a plain INSERT of its columns into an unindexed table:
+               target at least 0.9x); and 10,000 messages in one transaction written by
+               outbox.enqueue_many and by 10,000 enqueue calls (target: at least 5x faster)
   wakeup       commit-to-confirm with polling alone (no LISTEN, as on MySQL): single messages
                into an idle relay, and a steady 100 msg/s
   hot-key      a backlog on one key, and on four, beside the same backlog unkeyed (in-process,
@@ -90,7 +93,7 @@ from benchmarks.fixtures import (
     names,
 )
 from benchmarks.floor import drain_floor_keys
-from benchmarks.insert_cost import measure_insert_cost
+from benchmarks.insert_cost import measure_insert_cost, measure_many
 from benchmarks.neighbour import measure as measure_neighbour
 from benchmarks.profiles import print_summary
 from benchmarks.report import report
@@ -104,6 +107,7 @@ from benchmarks.results import (
     say,
     settle,
 )
+from benchmarks.targets import MANY_MESSAGES
 from benchmarks.wakeup import measure_wakeup
 from outbox.signing import new_secret
 from relay.amqp.wire import with_properties
@@ -372,6 +376,15 @@ def _phase(
         cost = measure_insert_cost(db.engine, broker.exchange)
         add(results, phase, cost.ratio).extras.append(cost.describe())
         say(f"  {cost.describe()}")
+        if cost.plain_ratio is not None:
+            add(results, "enqueue-plain", cost.plain_ratio)
+        say(
+            f"enqueue_many: {MANY_MESSAGES:,} messages in one transaction, and as many "
+            f"calls{tag} ..."
+        )
+        many = measure_many(db.engine, broker.exchange, messages=MANY_MESSAGES)
+        add(results, "enqueue-many", many.ratio).extras.append(many.describe())
+        say(f"  {many.describe()}")
     elif phase == "wakeup":
         say(f"wake-up: commit-to-confirm with polling alone{tag} ...")
         found = measure_wakeup(db, args.amqp, broker.exchange)

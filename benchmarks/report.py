@@ -184,6 +184,8 @@ def figures(results: Results) -> Figures:
         floor=value("small-floor"),
         floor_us=median(floor.relay_us) if floor is not None else None,
         floor_database_us=median(floor.database_us) if floor is not None else None,
+        enqueue_plain=value("enqueue-plain"),
+        enqueue_many=value("enqueue-many"),
     )
 
 

@@ -25,6 +25,8 @@ FIGURES = {
     "store": "diagnostic: store only, claim+mark, no broker",
     "publisher": "diagnostic: relay.Publisher only, no DB",
     "enqueue": "outbox.enqueue in a one-row transaction",
+    "enqueue-plain": "outbox.enqueue beside a plain INSERT of its columns",
+    "enqueue-many": "outbox.enqueue_many beside as many enqueue calls",
     "wakeup": "commit-to-confirm, polling alone",
     "hot-key": "hot keys",
     "hot-unkeyed": "hot-key baseline: the same backlog unkeyed",
@@ -63,7 +65,16 @@ BASES = {
     "small-floor": ("small-ceiling", "80-byte ceiling"),
 }
 # Rows whose values are not rates: left out of the table, reported below it.
-NOT_RATES = ("enqueue", "wakeup", "window-need", "kill", "kill-recovery", "steady-kill")
+NOT_RATES = (
+    "enqueue",
+    "enqueue-plain",
+    "enqueue-many",
+    "wakeup",
+    "window-need",
+    "kill",
+    "kill-recovery",
+    "steady-kill",
+)
 DIAG = ("store", "publisher", "hot-publisher", "hot-publisher-4")
 
 

@@ -28,6 +28,11 @@ SMALL_CPU = 20 / 12
 # each of them failing again). Loose on purpose: the share of rows that are broken (one in six)
 # and the machine's load move the ratio, and a miss has to mean the isolation, not the noise.
 BESIDE_BROKEN = 0.3
+# One writer's transaction with one enqueue over the same transaction with a plain INSERT of the
+# same columns into an unindexed table, at least (benchmarks/insert_cost.py).
+ENQUEUE_PLAIN = 0.9
+MANY_MESSAGES = 10_000  # messages in the one transaction of the enqueue_many comparison
+MANY_SPEEDUP = 5.0  # their enqueue calls' time over one enqueue_many's, at least
 
 
 def window_need(rates: Mapping[int, float]) -> int | None:
@@ -87,6 +92,8 @@ class Figures:
     floor_us: float | None = None  # its CPU per message
     floor_database_us: float | None = None
     relay_us: float | None = None  # the relay's CPU per message of the 1 KB in-process drain
+    enqueue_plain: float | None = None  # enqueue's commits/s over a plain INSERT's (a ratio)
+    enqueue_many: float | None = None  # enqueue calls' seconds over enqueue_many's (a ratio)
 
 
 def _rate_pair(figure: float, bound: float) -> str:
@@ -171,4 +178,24 @@ def target_lines(f: Figures) -> list[str]:
         lines.append(
             f"80-byte bodies: database CPU {f.small_database_us:.0f} us/msg{floor}{beside}"
         )
+    return lines + _enqueue_lines(f)
+
+
+def _enqueue_lines(f: Figures) -> list[str]:
+    """The enqueue phase's targets: ratios already (medians of interleaved rounds' ratios)."""
+    lines = []
+    if f.enqueue_plain is not None:
+        target = (
+            f"one writer's commits with one enqueue >= {ENQUEUE_PLAIN:.1f}x with a plain INSERT "
+            "of its columns (unindexed table)"
+        )
+        met = f.enqueue_plain >= ENQUEUE_PLAIN
+        lines.append(verdict(target, met, f"{f.enqueue_plain:.2f}x"))
+    if f.enqueue_many is not None:
+        target = (
+            f"enqueue_many of {MANY_MESSAGES:,} >= {MANY_SPEEDUP:.0f}x {MANY_MESSAGES:,} "
+            "enqueue calls"
+        )
+        met = f.enqueue_many >= MANY_SPEEDUP
+        lines.append(verdict(target, met, f"{f.enqueue_many:.1f}x"))
     return lines

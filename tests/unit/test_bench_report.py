@@ -231,3 +231,34 @@ def test_the_hot_key_floors_are_printed_as_the_bounds_beside_their_targets() -> 
     four = lines.index(_line(lines, "target four hot keys"))
     assert lines[four].endswith(": NOT met (3,900 vs 5,000 msg/s: 0.78x)")
     assert lines[four + 1] == "  bound: the floor relay on four keys, 4,000 vs 5,000 msg/s: 0.80x"
+
+
+@pytest.mark.parametrize(("ratio", "word"), [(0.9, "met"), (0.89, "NOT met")])
+def test_one_enqueue_is_judged_against_a_plain_insert_of_its_columns(
+    ratio: float, word: str
+) -> None:
+    lines = target_lines(Figures(enqueue_plain=ratio))
+    line = _line(lines, "target one writer's commits with one enqueue >= 0.9x with a plain INSERT ")
+    assert line.endswith(f": {word} ({ratio:.2f}x)")
+
+
+@pytest.mark.parametrize(("ratio", "word"), [(5.0, "met"), (4.9, "NOT met")])
+def test_enqueue_many_is_judged_against_as_many_enqueue_calls(ratio: float, word: str) -> None:
+    lines = target_lines(Figures(enqueue_many=ratio))
+    line = _line(lines, "target enqueue_many of 10,000 >= 5x 10,000 enqueue calls: ")
+    assert line.endswith(f": {word} ({ratio:.1f}x)")
+
+
+def test_the_enqueue_rows_reach_the_targets_and_stay_out_of_the_rate_table() -> None:
+    results: Results = {}
+    add(results, "enqueue", 0.7).extras.append("one writer: ...")
+    add(results, "enqueue-plain", 0.93)
+    add(results, "enqueue-many", 6.2).extras.append("10,000 messages in one transaction: ...")
+    found = figures(results)
+    assert (found.enqueue_plain, found.enqueue_many) == (0.93, 6.2)
+    assert not [row for row in _table(results) if "enqueue" in row]
+    assert [line.split(":")[0] for line in target_lines(found)] == [
+        "target one writer's commits with one enqueue >= 0.9x with a plain INSERT of its columns "
+        "(unindexed table)",
+        "target enqueue_many of 10,000 >= 5x 10,000 enqueue calls",
+    ]
