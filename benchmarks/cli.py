@@ -93,7 +93,7 @@ from benchmarks.fixtures import (
     names,
 )
 from benchmarks.floor import drain_floor_keys
-from benchmarks.insert_cost import measure_insert_cost, measure_many
+from benchmarks.insert_cost import measure_insert_cost, measure_many, measure_statement_cost
 from benchmarks.neighbour import measure as measure_neighbour
 from benchmarks.profiles import print_summary
 from benchmarks.report import report
@@ -378,6 +378,10 @@ def _phase(
         say(f"  {cost.describe()}")
         if cost.plain_ratio is not None:
             add(results, "enqueue-plain", cost.plain_ratio)
+            say(f"enqueue cost: per statement, inside one transaction{tag} ...")
+            statements = measure_statement_cost(db.engine, broker.exchange)
+            results["enqueue"].extras[-1] += f"; {statements.describe()}"
+            say(f"  {statements.describe()}")
         say(
             f"enqueue_many: {MANY_MESSAGES:,} messages in one transaction, and as many "
             f"calls{tag} ..."

@@ -190,6 +190,77 @@ def measure_insert_cost(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class StatementCost:
+    """Microseconds per statement inside one open transaction (no commit in the loop), the
+    fastest of the rounds: where one enqueue's time goes, statement by statement."""
+
+    us: dict[str, float]
+    statements: int
+    rounds: int
+
+    def describe(self) -> str:
+        each = ", ".join(f"{name} {us:.0f} us" for name, us in self.us.items())
+        return (
+            f"per statement, {self.statements:,} in one transaction (fastest of {self.rounds} "
+            f"rounds): {each}"
+        )
+
+
+def measure_statement_cost(
+    engine: Engine, exchange: str, *, statements: int = 2_000, rounds: int = 7
+) -> StatementCost:
+    """PostgreSQL: a plain INSERT into an unindexed table, the same INSERT into outbox_message
+    (the difference: the database's indexes, CHECK and identity), outbox.enqueue with NOTIFY
+    off (beyond that: the library's own work) and enqueue's checks alone, with no SQL."""
+    _business_table(engine)
+    notify = settings().notify
+
+    def checks(conn: Connection) -> object:
+        return prepare(
+            exchange=exchange,
+            routing_key="r",
+            payload=PAYLOAD,
+            key=None,
+            headers=None,
+            idempotency_key=None,
+            delay=None,
+            priority=0,
+            max_attempts=None,
+            content_type=None,
+        )
+
+    def enqueue(conn: Connection) -> object:
+        return outbox.enqueue(conn, exchange=exchange, routing_key="r", payload=PAYLOAD)
+
+    variants: dict[str, Callable[[Connection], object]] = {
+        "plain INSERT, unindexed table": _plain_insert(engine, PLAIN_TABLE),
+        "the same INSERT into outbox_message": _plain_insert(engine, "outbox_message"),
+        "outbox.enqueue, NOTIFY off": enqueue,
+        "its checks alone (outbox.prepared.prepare)": checks,
+    }
+    found: dict[str, list[float]] = {name: [] for name in variants}
+    outbox.configure(notify=False)
+    try:
+        with engine.connect() as conn:
+            for _ in range(rounds):
+                for name, run in variants.items():
+                    with conn.begin() as tx:
+                        for _ in range(50):  # prepared on the server from the fifth run
+                            run(conn)
+                        started = time.perf_counter()
+                        for _ in range(statements):
+                            run(conn)
+                        found[name].append((time.perf_counter() - started) / statements * 1e6)
+                        tx.rollback()
+    finally:
+        outbox.configure(notify=notify)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE IF EXISTS bench_order")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {PLAIN_TABLE}")
+    return StatementCost({name: min(us) for name, us in found.items()}, statements, rounds)
+
+
 def _ratio(values: list[float], bases: list[float]) -> float:
     return statistics.median(v / b for v, b in zip(values, bases, strict=True))
 
