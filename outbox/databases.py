@@ -39,7 +39,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from outbox import pg_insert
+from outbox import mysql_insert, pg_insert
 from outbox.errors import SchemaConflict, UnsupportedDatabase
 from outbox.prepared import Prepared
 from outbox.schema import inbox, message
@@ -325,6 +325,12 @@ class Mysql(Database):
             .with_for_update(read=True)
         )
         return Inserts(plain, plain, server_clock=True, existing=existing)
+
+    def direct_insert_many(self, conn: Connection, prepared: Sequence[Prepared]) -> bool:
+        if not mysql_insert.covers_all(conn):
+            return False
+        mysql_insert.insert_messages(conn, self.inserts.insert, prepared)  # many VALUES tuples
+        return True
 
     def record_inbox(self, conn: Connection, row: Mapping[str, Any]) -> bool:
         # IGNORE skips the duplicate and its rowcount says whether a row went in (the values are

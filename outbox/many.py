@@ -2,9 +2,10 @@
 
 Every item is checked and built by `enqueue`'s own `prepare` before any SQL, so one bad item
 raises (naming its index) and nothing is written. The rows then go in the list's order, so `seq`
-numbers them as the list does and one key's messages keep their order: on PostgreSQL as one
-multi-row INSERT per chunk of rows (outbox/pg_insert.py), elsewhere through SQLAlchemy's
-executemany, also in chunks. A message with an idempotency key is written as `enqueue` writes it,
+numbers them as the list does and one key's messages keep their order, a chunk of rows a
+statement: on PostgreSQL one INSERT of arrays unnested (outbox/pg_insert.py), on MySQL and MariaDB
+one INSERT of many VALUES tuples (outbox/mysql_insert.py), elsewhere (SQLite) SQLAlchemy's
+executemany. A message with an idempotency key is written as `enqueue` writes it,
 by a statement of its own at its place in the list. `enqueue_many_async`
 (outbox/async_enqueue.py) prepares the same way and runs `write_many` on its connection.
 """
@@ -40,7 +41,8 @@ DEFAULTS: Mapping[str, Any] = {
     "content_type": None,
 }
 ARGUMENTS = frozenset(REQUIRED) | frozenset(DEFAULTS)
-# Rows per executemany where SQLAlchemy's Core writes them (not PostgreSQL's drivers).
+# Rows per executemany where SQLAlchemy's Core writes them (SQLite, and drivers without a path of
+# their own in outbox/databases.py).
 CORE_CHUNK = 1_000
 
 
@@ -50,11 +52,11 @@ def enqueue_many(db: Db, messages: Iterable[Mapping[str, Any]]) -> list[uuid.UUI
     `enqueue` for a list: each item is a mapping of `enqueue`'s keyword arguments
     (`{"exchange": "orders", "routing_key": "order.created", "payload": {...}, "key": ...}`).
     Every item is checked before anything is written, so one invalid item raises and the
-    transaction is left as it was. The rows are inserted in the list's order, in a few statements
-    (one multi-row INSERT per 1,000 messages on PostgreSQL), so messages with the same `key` are
-    published in list order, after the key's earlier messages. On PostgreSQL the commit wakes an
-    idle relay once for the whole call (a NOTIFY, rationed as `enqueue`'s). An empty list returns
-    `[]` and runs no SQL.
+    transaction is left as it was. The rows are inserted in the list's order, in a few
+    statements (one INSERT per 1,000 messages on PostgreSQL, MySQL and MariaDB), so messages
+    with the same `key` are published in list order, after the key's earlier messages. On
+    PostgreSQL the commit wakes an idle relay once for the whole call (a NOTIFY, rationed as
+    `enqueue`'s). An empty list returns `[]` and runs no SQL.
 
     A message with an `idempotency_key` is written as `enqueue` writes it, by a statement of its
     own at its place in the list: when the key is taken, by an existing row or by an earlier item

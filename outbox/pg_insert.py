@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import Connection, Interval, bindparam, func, insert, literal_column
 from sqlalchemy.engine import Dialect
 
-from outbox.prepared import Prepared
+from outbox.prepared import Prepared, chunks
 from outbox.schema import message
 
 NOTIFY_CHANNEL = "outbox_relay"
@@ -119,8 +119,10 @@ def insert_message(conn: Connection, prepared: Prepared, *, notify: bool) -> Non
 
 
 # Rows per statement at most: past a thousand, a larger statement saves no measurable time, and
-# holds more of the list's encoded values in memory at once.
+# holds more of the list's encoded values in memory at once. And bytes of payloads and headers
+# per statement at most: each array is one value, which PostgreSQL caps at 1 GB.
 CHUNK_ROWS = 1_000
+CHUNK_BYTES = 16 << 20
 # enqueue_many's INSERT: one array per column, unnested in the list's order. One parameter per
 # column whatever the number of rows (no driver's limit on parameters is near), and one text for
 # every batch, which psycopg and asyncpg prepare once. ORDER BY the ordinality: the identity
@@ -179,7 +181,7 @@ def _arrays(chunk: Sequence[Prepared], text_ids: bool) -> dict[str, list[Any]]:
 
 def insert_messages(conn: Connection, prepared: Sequence[Prepared]) -> None:
     """INSERT every one of `prepared` (none with an idempotency key; see `covers_all`), in their
-    order, CHUNK_ROWS rows a statement."""
+    order, a chunk (CHUNK_ROWS, CHUNK_BYTES) a statement."""
     dialect = conn.dialect
     key = (type(dialect), dialect.paramstyle)
     sql = _MANY.get(key)
@@ -187,8 +189,8 @@ def insert_messages(conn: Connection, prepared: Sequence[Prepared]) -> None:
         sql = _MANY[key] = _many_sql(dialect)
     positional = dialect.paramstyle == "numeric_dollar"
     text_ids = dialect.driver in _TEXT_IDS
-    for start in range(0, len(prepared), CHUNK_ROWS):
-        arrays = _arrays(prepared[start : start + CHUNK_ROWS], text_ids)
+    for chunk in chunks(prepared, CHUNK_ROWS, CHUNK_BYTES):
+        arrays = _arrays(chunk, text_ids)
         if positional:
             conn.exec_driver_sql(sql, tuple(arrays[name] for name in _MANY_ORDER)).close()
         else:

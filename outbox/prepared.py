@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,3 +83,21 @@ def prepare(
         "tracestate": tracestate,
     }
     return Prepared(message_id, params, idempotency_key, wait)
+
+
+def chunks(prepared: Sequence[Prepared], rows: int, size: int) -> Iterator[Sequence[Prepared]]:
+    """`prepared` in order, in runs of at most `rows` messages whose payloads and headers
+    together come to at most `size` bytes (a message larger than that alone): what one
+    statement of `enqueue_many` sends."""
+    start, total = 0, 0
+    for index, one in enumerate(prepared):
+        weight = len(one.params["payload"])
+        headers = one.params["headers"]
+        if headers:
+            weight += encoding.header_table_size(headers)
+        if index > start and (index - start == rows or total + weight > size):
+            yield prepared[start:index]
+            start, total = index, 0
+        total += weight
+    if start < len(prepared):
+        yield prepared[start:]

@@ -200,8 +200,9 @@ def test_more_messages_than_a_chunk_elsewhere(
     templates.migrate(engine)
     try:
         items = [item(n, key=f"k{n % 7}", delay=n % 2) for n in range(2_500)]
-        with engine.begin() as conn:
+        with Statements(engine) as sent, engine.begin() as conn:
             ids = outbox.enqueue_many(conn, items)
+        assert len(sent) == 3  # MariaDB: three INSERTs of many rows; SQLite: three executemany
         with engine.connect() as conn:
             found = conn.execute(select(message.c.id).order_by(message.c.seq)).scalars().all()
         assert [uuid.UUID(str(i)) for i in found] == ids
@@ -396,3 +397,14 @@ def test_enqueue_many_async_on_an_async_connection_with_psycopg(
 
 async def _count(conn: Any) -> int:
     return int((await conn.execute(text("SELECT count(*) FROM outbox_message"))).scalar_one())
+
+
+def test_the_example_of_the_writing_page(pg_engine: Engine) -> None:
+    from tests.docs_blocks import block
+
+    code = block("guides/writing.md", "writing-many")
+    namespace: dict[str, Any] = {"__name__": "docs_example", "engine": pg_engine}
+    exec(compile(code, "writing.md (writing-many)", "exec", dont_inherit=True), namespace)
+    rows = by_seq(pg_engine)
+    assert [uuid.UUID(str(row["id"])) for row in rows] == namespace["ids"]
+    assert [row["key"] for row in rows] == [f"order-{n}" for n in range(1000)]

@@ -18,7 +18,7 @@ from outbox import pg_insert
 from outbox.async_enqueue import enqueue_many_async
 from outbox.enqueue import enqueue
 from outbox.many import ARGUMENTS, DEFAULTS, _runs, enqueue_many, prepare_many
-from outbox.prepared import Prepared
+from outbox.prepared import Prepared, chunks
 
 ARGS: dict[str, Any] = {"exchange": "orders", "routing_key": "order.created", "payload": {}}
 
@@ -143,3 +143,21 @@ def test_a_chunks_arrays_hold_what_insert_message_sends_for_each_row() -> None:
         values = pg_insert._values(one)
         assert {name: column[n] for name, column in arrays.items()} == values
     assert pg_insert._arrays(prepared, text_ids=False)["id"] == [one.id for one in prepared]
+
+
+def test_a_chunk_is_bounded_in_messages_and_in_bytes() -> None:
+    small = {**ARGS, "payload": b"x" * 100}
+    large = {**ARGS, "payload": b"x" * 5_000}
+    prepared = prepare_many([small] * 7 + [large] + [small] * 3)
+
+    def sizes(rows: int, size: int) -> list[int]:
+        found = list(chunks(prepared, rows, size))
+        assert [one for chunk in found for one in chunk] == prepared  # all, in order
+        return [len(chunk) for chunk in found]
+
+    assert sizes(1_000, 1 << 20) == [11]
+    assert sizes(3, 1 << 20) == [3, 3, 3, 2]
+    assert sizes(1_000, 300) == [3, 3, 1, 1, 3]  # the large message alone
+    with_headers = prepare_many([{**small, "headers": {"h": "v" * 200}}] * 2)
+    assert [len(c) for c in chunks(with_headers, 1_000, 400)] == [1, 1]
+    assert list(chunks([], 10, 10)) == []
