@@ -6,10 +6,13 @@
     consumer = outbox.Consumer(engine, amqp_url, "billing.orders", on_order)
     consumer.run()                      # until consumer.stop() (from a signal handler or thread)
 
-This module is the connection and the consuming loop: prefetch, a graceful stop, inbox
-retention (on a thread of its own, so a long purge never holds up pika's connection thread,
-which must keep answering heartbeats). What happens to each delivery (dedupe, the handler's
-transaction, retry and dead-letter copies) is `Processor`, in outbox/consumer/processor.py.
+This module is the connection and the consuming loop (`ConsumerLoop`): prefetch, a graceful
+stop, inbox retention (on a thread of its own, so a long purge never holds up pika's connection
+thread, which must keep answering heartbeats). What happens to each delivery (dedupe, the
+handler's transaction, retry and dead-letter copies) is `Processor`, in
+outbox/consumer/processor.py; where the transaction runs is a `Transactions`
+(outbox/consumer/transactions.py): a SQLAlchemy `Session` here, Django's connection in
+`outbox.django.Consumer`.
 """
 
 from __future__ import annotations
@@ -25,15 +28,19 @@ from typing import Any
 import pika
 from opentelemetry.trace import TracerProvider
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError
 
-from outbox.consumer.inbox import purge_batches
 from outbox.consumer.policy import ConsumerPolicy
-from outbox.consumer.processor import Handler, Processor
+from outbox.consumer.processor import BaseProcessor, Handler
 from outbox.consumer.signed import Verified
+from outbox.consumer.transactions import SessionTransactions, Transactions
 from outbox.errors import InvalidOption
 
 log = logging.getLogger("outbox.consumer")
+
+# What `run()` raises when the broker cannot be reached or drops the connection (pika's root
+# exception), for callers that do not import pika themselves.
+BrokerError = pika.exceptions.AMQPError
 
 # A comma followed by a scheme starts the next URL of a list (the relay's --amqp reads lists
 # the same way, in relay/core/urls.py; the library cannot import the relay).
@@ -62,6 +69,143 @@ def partition_queues(queue: str, partitions: int | None) -> list[str]:
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise InvalidOption(f"partitions must be a positive integer, got {partitions!r}")
     return [f"{queue}.{i}" for i in range(partitions)]
+
+
+class ConsumerLoop:
+    """The connection and the consuming loop of a consumer, whatever its database: one
+    `BaseProcessor` per queue consumed (behind a signature check with `signing_secrets`),
+    prefetch, a graceful stop, and the inbox purge on a thread of its own. `Consumer` runs one
+    with `SessionTransactions`; `outbox.django.Consumer` with Django's. The arguments are
+    `Consumer`'s, with `transactions` in place of the engine and the handler.
+    """
+
+    def __init__(
+        self,
+        transactions: Transactions,
+        amqp_url: str,
+        queue: str,
+        *,
+        name: str | None = None,
+        prefetch: int = 50,
+        policy: ConsumerPolicy | None = None,
+        tracer_provider: TracerProvider | None = None,
+        inbox_retention: dt.timedelta | None = dt.timedelta(days=7),
+        retention_interval: float = 600.0,
+        purge_batch_size: int = 1000,
+        ssl_options: pika.SSLOptions | None = None,
+        signing_secrets: str | Sequence[str] | None = None,
+        signature_max_age: float | None = None,
+        partitions: int | None = None,
+    ) -> None:
+        self.transactions = transactions
+        self.amqp_url = amqp_url
+        self.prefetch = prefetch
+        self.inbox_retention = inbox_retention
+        self.retention_interval = retention_interval
+        self.purge_batch_size = purge_batch_size
+        self.ssl_options = ssl_options
+        self.queues = partition_queues(queue, partitions)
+        # One processor per queue consumed: a retried message goes back to its own partition.
+        self.processors = [
+            BaseProcessor(
+                transactions,
+                consumer=name or queue,
+                queue=q,
+                policy=policy,
+                tracer_provider=tracer_provider,
+            )
+            for q in self.queues
+        ]
+        self.processor = self.processors[0]
+        # Secrets are read now: a bad one fails the constructor, not the first delivery.
+        self._on_message: list[Callable[..., str]] = list(self.processors)
+        if signing_secrets is not None:
+            self._on_message = [
+                Verified(p, signing_secrets, max_age=signature_max_age) for p in self.processors
+            ]
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._channel: Any = None
+        self._stop = False
+        self._purge_stop = threading.Event()
+        self.ready = threading.Event()  # set once consuming has started
+
+    def run(self) -> None:
+        """Consume until `stop()`; the delivery being handled finishes, the rest are requeued.
+
+        Connects, starts the inbox purge (when `inbox_retention` is set), sets `ready` once
+        consuming has started, and returns after `stop()`. pika's connection errors propagate.
+        """
+        # pika tries the nodes in order.
+        conn = pika.BlockingConnection(connection_parameters(self.amqp_url, self.ssl_options))
+        purger: threading.Thread | None = None
+        self._purge_stop.clear()
+        try:
+            channel = conn.channel()
+            channel.basic_qos(prefetch_count=self.prefetch)
+            for queue, on_message in zip(self.queues, self._on_message, strict=True):
+                channel.basic_consume(queue, on_message)
+            with self._lock:
+                self._conn, self._channel = conn, channel
+                stop = self._stop
+            if self.inbox_retention is not None:
+                purger = threading.Thread(
+                    target=self._purge_loop,
+                    name=f"outbox-purge-{self.processor.consumer}",
+                    daemon=True,
+                )
+                purger.start()
+            self.ready.set()
+            if not stop:
+                channel.start_consuming()
+        finally:
+            self._purge_stop.set()
+            with self._lock:
+                self._conn = self._channel = None
+            if conn.is_open:
+                conn.close()
+            if purger is not None:
+                purger.join()  # at most the batch in hand: the loop stops between batches
+
+    def stop(self) -> None:
+        """Ask `run()` to return after the delivery in hand. Safe from any thread."""
+        self._purge_stop.set()
+        with self._lock:
+            self._stop = True
+            if self._conn is not None:
+                self._conn.add_callback_threadsafe(self._channel.stop_consuming)
+
+    def _purge_loop(self) -> None:
+        """Purge now, then every `retention_interval` seconds, until `run()` ends."""
+        while not self._purge_stop.is_set():
+            self._purge()
+            self._purge_stop.wait(self.retention_interval)
+
+    def _purge(self) -> None:
+        assert self.inbox_retention is not None
+        cutoff = dt.datetime.now(dt.UTC) - self.inbox_retention
+        consumer = self.processor.consumer
+        deleted = 0
+        try:
+            for batch in self.transactions.purge(
+                consumer, cutoff=cutoff, batch_size=self.purge_batch_size
+            ):
+                deleted += batch
+                if self._purge_stop.is_set():
+                    break
+        # The database, the pool, or Django's connection: whatever failed, the purge is tried
+        # again next interval, and the consumer goes on meanwhile.
+        except Exception as exc:
+            error = str(exc.orig) if isinstance(exc, DBAPIError) else str(exc)
+            log.warning(
+                "consumer.inbox_purge_failed consumer=%s: %s", consumer, error,
+                extra={"consumer": consumer, "error": error},
+            )  # fmt: skip
+        if deleted:
+            log.info(
+                "consumer.inbox_purged consumer=%s deleted=%d", consumer, deleted,
+                extra={"consumer": consumer, "deleted": deleted},
+            )  # fmt: skip
 
 
 @dataclass
@@ -131,33 +275,26 @@ class Consumer:
     partitions: int | None = None
 
     def __post_init__(self) -> None:
-        self.queues = partition_queues(self.queue, self.partitions)
-        # One processor per queue consumed: a retried message goes back to its own partition.
-        self.processors = [
-            Processor(
-                self.engine,
-                self.handler,
-                consumer=self.name or self.queue,
-                queue=queue,
-                policy=self.policy,
-                tracer_provider=self.tracer_provider,
-            )
-            for queue in self.queues
-        ]
-        self.processor = self.processors[0]
-        # Secrets are read now: a bad one fails the constructor, not the first delivery.
-        self._on_message: list[Callable[..., str]] = list(self.processors)
-        if self.signing_secrets is not None:
-            self._on_message = [
-                Verified(p, self.signing_secrets, max_age=self.signature_max_age)
-                for p in self.processors
-            ]
-        self._lock = threading.Lock()
-        self._conn: Any = None
-        self._channel: Any = None
-        self._stop = False
-        self._purge_stop = threading.Event()
-        self.ready = threading.Event()  # set once consuming has started
+        self.loop = ConsumerLoop(
+            SessionTransactions(self.engine, self.handler),
+            self.amqp_url,
+            self.queue,
+            name=self.name,
+            prefetch=self.prefetch,
+            policy=self.policy,
+            tracer_provider=self.tracer_provider,
+            inbox_retention=self.inbox_retention,
+            retention_interval=self.retention_interval,
+            purge_batch_size=self.purge_batch_size,
+            ssl_options=self.ssl_options,
+            signing_secrets=self.signing_secrets,
+            signature_max_age=self.signature_max_age,
+            partitions=self.partitions,
+        )
+        self.queues = self.loop.queues
+        self.processors = self.loop.processors
+        self.processor = self.loop.processor
+        self.ready = self.loop.ready  # set once consuming has started
 
     def run(self) -> None:
         """Consume until `stop()`; the delivery being handled finishes, the rest are requeued.
@@ -165,67 +302,8 @@ class Consumer:
         Connects, starts the inbox purge (when `inbox_retention` is set), sets `ready` once
         consuming has started, and returns after `stop()`. pika's connection errors propagate.
         """
-        # pika tries the nodes in order.
-        conn = pika.BlockingConnection(connection_parameters(self.amqp_url, self.ssl_options))
-        purger: threading.Thread | None = None
-        self._purge_stop.clear()
-        try:
-            channel = conn.channel()
-            channel.basic_qos(prefetch_count=self.prefetch)
-            for queue, on_message in zip(self.queues, self._on_message, strict=True):
-                channel.basic_consume(queue, on_message)
-            with self._lock:
-                self._conn, self._channel = conn, channel
-                stop = self._stop
-            if self.inbox_retention is not None:
-                purger = threading.Thread(
-                    target=self._purge_loop,
-                    name=f"outbox-purge-{self.processor.consumer}",
-                    daemon=True,
-                )
-                purger.start()
-            self.ready.set()
-            if not stop:
-                channel.start_consuming()
-        finally:
-            self._purge_stop.set()
-            with self._lock:
-                self._conn = self._channel = None
-            if conn.is_open:
-                conn.close()
-            if purger is not None:
-                purger.join()  # at most the batch in hand: the loop stops between batches
+        self.loop.run()
 
     def stop(self) -> None:
         """Ask `run()` to return after the delivery in hand. Safe from any thread."""
-        self._purge_stop.set()
-        with self._lock:
-            self._stop = True
-            if self._conn is not None:
-                self._conn.add_callback_threadsafe(self._channel.stop_consuming)
-
-    def _purge_loop(self) -> None:
-        """Purge now, then every `retention_interval` seconds, until `run()` ends."""
-        while not self._purge_stop.is_set():
-            self._purge()
-            self._purge_stop.wait(self.retention_interval)
-
-    def _purge(self) -> None:
-        assert self.inbox_retention is not None
-        cutoff = dt.datetime.now(dt.UTC) - self.inbox_retention
-        deleted = 0
-        try:
-            for batch in purge_batches(
-                self.engine,
-                consumer=self.processor.consumer,
-                cutoff=cutoff,
-                batch_size=self.purge_batch_size,
-            ):
-                deleted += batch
-                if self._purge_stop.is_set():
-                    break
-        except SQLAlchemyError as exc:  # the database or the pool: try again next interval
-            error = str(exc.orig) if isinstance(exc, DBAPIError) else str(exc)
-            log.warning("consumer.inbox_purge_failed", extra={"error": error})
-        if deleted:
-            log.info("consumer.inbox_purged", extra={"deleted": deleted})
+        self.loop.stop()

@@ -165,21 +165,61 @@ def database_unavailable(exc: BaseException) -> bool:
     SQLSTATE with the relay's rule (outbox.dberrors); SQLite's OperationalError (locked, I/O),
     which carries no SQLSTATE, counts too. A conflict (`transaction_conflict`) does not: the
     database is up, and requeueing it unchanged could repeat it forever."""
-    if not isinstance(exc, DBAPIError):
+    failure = database_failure(exc)
+    if failure is None:
         return False
-    if exc.connection_invalidated:
+    if failure.connection_lost:
         return True
-    sqlstate = sqlstate_of(exc.orig)
-    if sqlstate is None:
-        return isinstance(exc, OperationalError)
-    if is_conflict(sqlstate):
+    if failure.sqlstate is None:
+        return failure.operational
+    if is_conflict(failure.sqlstate):
         return False
-    return classify_db_error(sqlstate) is DbFailure.TRANSIENT
+    return classify_db_error(failure.sqlstate) is DbFailure.TRANSIENT
 
 
 def transaction_conflict(exc: BaseException) -> bool:
     """The transaction lost a race with another one (SQLSTATE 40001 or 40P01) on a connection
     that is still good: running it again is likely to succeed."""
-    if not isinstance(exc, DBAPIError) or exc.connection_invalidated:
+    failure = database_failure(exc)
+    if failure is None or failure.connection_lost:
         return False
-    return is_conflict(sqlstate_of(exc.orig))
+    return is_conflict(failure.sqlstate)
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseFailure:
+    """What the policy reads of a database error.
+
+    Attributes:
+        sqlstate: The SQLSTATE, in PostgreSQL's codes (`outbox.dberrors.sqlstate_of`), or None.
+        connection_lost: SQLAlchemy invalidated the connection.
+        operational: An OperationalError or InterfaceError, which without a SQLSTATE means
+            the connection or the database file failed, not the statement.
+    """
+
+    sqlstate: str | None
+    connection_lost: bool
+    operational: bool
+
+
+_PEP_249 = frozenset({"DatabaseError", "InterfaceError"})  # the roots of every DB-API error
+_CONNECTION_ERRORS = frozenset({"OperationalError", "InterfaceError"})
+
+
+def database_failure(exc: BaseException) -> DatabaseFailure | None:
+    """`exc` as a database failure, or None when it is not one: SQLAlchemy's DBAPIError (the
+    driver's error its `orig`), or a DB-API error SQLAlchemy did not wrap: a driver's own, or
+    Django's (`django.db.utils`: PEP 249's names, the driver's error its `__cause__`), as a
+    handler writing through Django's ORM raises. Those are known by PEP 249's class names, so
+    that this module imports neither Django nor any driver."""
+    if isinstance(exc, DBAPIError):
+        return DatabaseFailure(
+            sqlstate_of(exc.orig), exc.connection_invalidated, isinstance(exc, OperationalError)
+        )
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if not names & _PEP_249:
+        return None
+    sqlstate = sqlstate_of(exc)
+    if sqlstate is None and exc.__cause__ is not None:
+        sqlstate = sqlstate_of(exc.__cause__)
+    return DatabaseFailure(sqlstate, False, bool(names & _CONNECTION_ERRORS))

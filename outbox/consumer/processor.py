@@ -39,7 +39,6 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from outbox.amqp_codec import Properties, install_float_decoding
-from outbox.consumer.inbox import process_once
 from outbox.consumer.policy import (
     ConsumerPolicy,
     DeadLetter,
@@ -49,6 +48,7 @@ from outbox.consumer.policy import (
     decide,
     retry_queue,
 )
+from outbox.consumer.transactions import SessionTransactions, Transactions
 
 log = logging.getLogger("outbox.consumer")
 
@@ -97,27 +97,12 @@ class Message:
 Handler = Callable[[Session, Message], None]
 
 
-class Processor:
-    """One delivery: dedupe, run the handler in a transaction, then ack, retry or dead-letter.
-
-    A pika `on_message_callback` (channel, method, properties, body); acknowledges by itself, so
-    consume with manual acks. Returns what it did: processed, duplicate, retried, dead, requeued,
-    or deferred (the handler's transaction lost a race and runs again shortly, on the connection's
-    thread; `counts` records the outcome once it is known).
-
-        process = outbox.Processor(engine, on_order, consumer="billing", queue="billing.orders")
-        channel.basic_consume("billing.orders", process)   # manual acks: Processor acks
-
-    Float headers: pika by itself decodes an AMQP double (how the relay sends a float header) as
-    a truncated integer. Constructing a Processor makes pika decode them as floats, in the whole
-    process and from then on (`outbox.amqp_codec.install_float_decoding`); values of every other
-    type decode as pika decodes them. Done here, before the first delivery, so every message
-    handled sees the same values; a process that never builds a Processor keeps pika's decoder
-    unchanged.
+class BaseProcessor:
+    """One delivery, with the database side handed in: `Processor` on a SQLAlchemy `Engine`,
+    `outbox.django`'s on Django's connection. See `Processor` for what it does.
 
     Args:
-        engine: The application's SQLAlchemy `Engine`; each delivery gets a `Session` of it.
-        handler: `handler(session, message)`, called inside the transaction (see `Consumer`).
+        transactions: Where each delivery's transaction runs (`Transactions`).
         consumer: The consumer's name in the inbox.
         queue: The queue being consumed: it names the retry and dead-letter queues and the
             span.
@@ -128,8 +113,7 @@ class Processor:
 
     def __init__(
         self,
-        engine: Engine,
-        handler: Handler,
+        transactions: Transactions,
         *,
         consumer: str,
         queue: str,
@@ -137,8 +121,7 @@ class Processor:
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         install_float_decoding()
-        self.engine = engine
-        self.handler = handler
+        self.transactions = transactions
         self.consumer = consumer
         self.queue = queue
         self.policy = policy or ConsumerPolicy()
@@ -196,10 +179,7 @@ class Processor:
                 self._requeue_later(channel, method.delivery_tag, wait)
                 return "requeued"
             try:
-                with Session(self.engine) as session, session.begin():
-                    new = process_once(session, consumer=self.consumer, message_id=message.id)
-                    if new:
-                        self.handler(session, message)
+                new = self.transactions.run(self.consumer, message)
             except Exception as exc:
                 return self._failed(
                     channel, method, properties, body, message, exc, span, conflicts
@@ -208,7 +188,10 @@ class Processor:
             outcome = "processed" if new else "duplicate"
             span.set_attribute("outbox.consumer.outcome", outcome)
             if not new:
-                log.info("consumer.duplicate", extra={"message_id": message.id})
+                log.info(
+                    "consumer.duplicate message_id=%s queue=%s", message.id, self.queue,
+                    extra={"message_id": message.id, "queue": self.queue},
+                )  # fmt: skip
             return outcome
 
     # ----------------------------------------------------------------- failures
@@ -231,16 +214,22 @@ class Processor:
         if isinstance(decision, Requeue):
             span.set_status(Status(StatusCode.ERROR, why))
             span.set_attribute("outbox.consumer.outcome", "requeued")
-            log.warning("consumer.database_unavailable", extra={"error": why})
+            log.warning(
+                "consumer.database_unavailable message_id=%s queue=%s: %s",
+                message.id, self.queue, why,
+                extra={"message_id": message.id, "queue": self.queue, "error": why},
+            )  # fmt: skip
             self._pause(channel, method.delivery_tag)  # back once the database may be
             return "requeued"
         if isinstance(decision, RunAgain):
             span.set_status(Status(StatusCode.ERROR, why))
             span.set_attribute("outbox.consumer.outcome", "deferred")
+            in_s = round(decision.delay, 3)
             log.warning(
-                "consumer.conflict",
-                extra={"message_id": message.id, "conflicts": conflicts + 1,
-                       "in_s": round(decision.delay, 3), "error": why},
+                "consumer.conflict message_id=%s queue=%s conflicts=%d in_s=%s: %s",
+                message.id, self.queue, conflicts + 1, in_s, why,
+                extra={"message_id": message.id, "queue": self.queue,
+                       "conflicts": conflicts + 1, "in_s": in_s, "error": why},
             )  # fmt: skip
 
             def again() -> None:
@@ -266,9 +255,10 @@ class Processor:
         span.add_event("retry scheduled", {"delay_s": delay, "error": why[:1000]})
         span.set_attribute("outbox.consumer.outcome", "retried")
         log.warning(
-            "consumer.retry",
-            extra={"message_id": message.id, "attempt": message.attempt, "in_s": delay,
-                   "error": why},
+            "consumer.retry message_id=%s queue=%s attempt=%d in_s=%d: %s",
+            message.id, self.queue, message.attempt, delay, why,
+            extra={"message_id": message.id, "queue": self.queue, "attempt": message.attempt,
+                   "in_s": delay, "error": why},
         )  # fmt: skip
         return "retried"
 
@@ -293,7 +283,10 @@ class Processor:
         span.set_status(Status(StatusCode.ERROR, why))
         span.add_event("dead-lettered", {"reason": why[:1000]})
         span.set_attribute("outbox.consumer.outcome", "dead")
-        log.error("consumer.dead_lettered", extra={"message_id": message.id, "reason": why})
+        log.error(
+            "consumer.dead_lettered message_id=%s queue=%s: %s", message.id, self.queue, why,
+            extra={"message_id": message.id, "queue": self.queue, "reason": why},
+        )  # fmt: skip
         return "dead"
 
     def _forward(
@@ -328,7 +321,12 @@ class Processor:
             publisher.basic_publish("", target, body, copy, mandatory=True)
         except Exception as exc:
             span.record_exception(exc)
-            log.error("consumer.forward_failed", extra={"target": target, "error": repr(exc)})
+            log.error(
+                "consumer.forward_failed message_id=%s queue=%s target=%s: %r",
+                properties.message_id, self.queue, target, exc,
+                extra={"message_id": properties.message_id, "queue": self.queue,
+                       "target": target, "error": repr(exc)},
+            )  # fmt: skip
             self._publisher = None
             self._declared.clear()
             self._pause(channel, method.delivery_tag)
@@ -356,6 +354,56 @@ class Processor:
             self._publisher.confirm_delivery()
             self._declared.clear()
         return self._publisher
+
+
+class Processor(BaseProcessor):
+    """One delivery: dedupe, run the handler in a transaction, then ack, retry or dead-letter.
+
+    A pika `on_message_callback` (channel, method, properties, body); acknowledges by itself, so
+    consume with manual acks. Returns what it did: processed, duplicate, retried, dead, requeued,
+    or deferred (the handler's transaction lost a race and runs again shortly, on the connection's
+    thread; `counts` records the outcome once it is known).
+
+        process = outbox.Processor(engine, on_order, consumer="billing", queue="billing.orders")
+        channel.basic_consume("billing.orders", process)   # manual acks: Processor acks
+
+    Float headers: pika by itself decodes an AMQP double (how the relay sends a float header) as
+    a truncated integer. Constructing a Processor makes pika decode them as floats, in the whole
+    process and from then on (`outbox.amqp_codec.install_float_decoding`); values of every other
+    type decode as pika decodes them. Done here, before the first delivery, so every message
+    handled sees the same values; a process that never builds a Processor keeps pika's decoder
+    unchanged.
+
+    Args:
+        engine: The application's SQLAlchemy `Engine`; each delivery gets a `Session` of it.
+        handler: `handler(session, message)`, called inside the transaction (see `Consumer`).
+        consumer: The consumer's name in the inbox.
+        queue: The queue being consumed: it names the retry and dead-letter queues and the
+            span.
+        policy: Retries, backoff and dead-lettering (default: `ConsumerPolicy()`).
+        tracer_provider: The OpenTelemetry tracer provider for the `process` spans (default:
+            the global one).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        handler: Handler,
+        *,
+        consumer: str,
+        queue: str,
+        policy: ConsumerPolicy | None = None,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        super().__init__(
+            SessionTransactions(engine, handler),
+            consumer=consumer,
+            queue=queue,
+            policy=policy,
+            tracer_provider=tracer_provider,
+        )
+        self.engine = engine
+        self.handler = handler
 
 
 def _call_later(channel: Any, delay: float, callback: Callable[[], None]) -> None:

@@ -21,7 +21,7 @@ from opentelemetry import metrics
 
 from outbox.amqp_codec import Properties
 from outbox.consumer.policy import dead_queue
-from outbox.consumer.processor import DEAD_AT_HEADER, ERROR_HEADER, ORIGIN_HEADER, Processor
+from outbox.consumer.processor import DEAD_AT_HEADER, ERROR_HEADER, ORIGIN_HEADER, BaseProcessor
 from outbox.signing import BadSignature, signer
 
 log = logging.getLogger("outbox.consumer")
@@ -42,7 +42,7 @@ class Verified:
     """A pika `on_message_callback`: verify, then hand the delivery to `processor`."""
 
     def __init__(
-        self, processor: Processor, secrets: str | Sequence[str], *, max_age: float | None
+        self, processor: BaseProcessor, secrets: str | Sequence[str], *, max_age: float | None
     ) -> None:
         self.processor = processor
         self._signer = signer(secrets)  # InvalidSecret now, not on the first delivery
@@ -85,7 +85,12 @@ class Verified:
             self._publisher.basic_publish("", target, body, copy, mandatory=True)
         except Exception as exc:
             # The copy is not safely kept: the delivery goes back, later, and is checked again.
-            log.error("consumer.forward_failed", extra={"target": target, "error": repr(exc)})
+            log.error(
+                "consumer.forward_failed message_id=%s queue=%s target=%s: %r",
+                properties.message_id, queue, target, exc,
+                extra={"message_id": properties.message_id, "queue": queue, "target": target,
+                       "error": repr(exc)},
+            )  # fmt: skip
             self._publisher = None
             _later(channel, lambda: channel.basic_nack(method.delivery_tag, requeue=True))
             return "requeued"
@@ -94,9 +99,9 @@ class Verified:
         counts[OUTCOME] = counts.get(OUTCOME, 0) + 1
         _refused.add(1, {"messaging.destination.name": queue})
         log.error(
-            "consumer.bad_signature",
+            "consumer.bad_signature message_id=%s queue=%s: %s", properties.message_id, queue, why,
             extra={"message_id": properties.message_id, "queue": queue, "reason": why},
-        )
+        )  # fmt: skip
         return OUTCOME
 
 
