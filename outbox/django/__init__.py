@@ -17,7 +17,14 @@ with it. Outside any atomic block Django autocommits, so the call is refused
 and the test helpers (`enqueued`, `assert_enqueued`, `assert_not_enqueued`) work on the same
 connection. PostgreSQL (psycopg 3 or psycopg2), SQLite and MySQL/MariaDB (through PyMySQL).
 
-Importing this module imports Django; `import outbox` never does.
+Consuming: `outbox.django.Consumer(queue, handler)` runs `handler(message)` inside
+`transaction.atomic()` on the same connection, with the inbox row written in that block, so the
+handler's ORM writes happen once per message; `python manage.py outbox_consume QUEUE --handler
+dotted.path` runs one. `TransactionTestCase` and `manage.py flush` empty the outbox tables: the
+app's models name them to Django (outbox/django/models.py).
+
+Importing this module imports Django; `import outbox` never does, and the consumer (and pika)
+is imported on the first use of `outbox.django.Consumer`.
 """
 
 from __future__ import annotations
@@ -25,16 +32,21 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Mapping
-from typing import Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from django.db import connections  # type: ignore[import-untyped]
 
 import outbox
 from outbox import testing
 from outbox.django.connection import in_transaction, raw_connection
+from outbox.django.errors import django_errors
 from outbox.testing import EnqueuedMessage, Filters
 
+if TYPE_CHECKING:  # what the lazy name resolves to, for type checkers and IDEs
+    from outbox.django.consumer import Consumer
+
 __all__ = [
+    "Consumer",
     "assert_enqueued",
     "assert_not_enqueued",
     "enqueue",
@@ -85,21 +97,26 @@ def enqueue(
         InvalidMessage: An argument is invalid (see `outbox.enqueue`). Nothing is written.
         SchemaMissing: The outbox tables do not exist: run `manage.py migrate`.
         UnsupportedDatabase: Django's connection is not one the outbox takes.
+        django.db.DatabaseError: The INSERT failed in the database (Django's exception of
+            that kind, raised from SQLAlchemy's; on PostgreSQL, `InternalError` when an earlier
+            statement of the block failed and its error was caught without a savepoint).
     """
-    conn = in_transaction(connections[using], call="outbox.django.enqueue")
-    return outbox.enqueue(
-        conn,
-        exchange=exchange,
-        routing_key=routing_key,
-        payload=payload,
-        key=key,
-        headers=headers,
-        idempotency_key=idempotency_key,
-        delay=delay,
-        priority=priority,
-        max_attempts=max_attempts,
-        content_type=content_type,
-    )
+    wrapper = connections[using]
+    conn = in_transaction(wrapper, call="outbox.django.enqueue")
+    with django_errors(wrapper, call="outbox.django.enqueue"):
+        return outbox.enqueue(
+            conn,
+            exchange=exchange,
+            routing_key=routing_key,
+            payload=payload,
+            key=key,
+            headers=headers,
+            idempotency_key=idempotency_key,
+            delay=delay,
+            priority=priority,
+            max_attempts=max_attempts,
+            content_type=content_type,
+        )
 
 
 def process_once(*, consumer: str, message_id: str, using: str = "default") -> bool:
@@ -109,9 +126,12 @@ def process_once(*, consumer: str, message_id: str, using: str = "default") -> b
 
     Raises:
         NotInTransaction: No atomic block is open on `using`.
+        django.db.DatabaseError: The INSERT failed in the database (as for `enqueue`).
     """
-    conn = in_transaction(connections[using], call="outbox.django.process_once")
-    return outbox.process_once(conn, consumer=consumer, message_id=message_id)
+    wrapper = connections[using]
+    conn = in_transaction(wrapper, call="outbox.django.process_once")
+    with django_errors(wrapper, call="outbox.django.process_once"):
+        return outbox.process_once(conn, consumer=consumer, message_id=message_id)
 
 
 def enqueued(*, using: str = "default", **filters: Unpack[Filters]) -> list[EnqueuedMessage]:
@@ -130,3 +150,13 @@ def assert_enqueued(
 def assert_not_enqueued(*, using: str = "default", **filters: Unpack[Filters]) -> None:
     """`outbox.testing.assert_not_enqueued` on Django's connection."""
     testing.assert_not_enqueued(raw_connection(connections[using]), **filters)
+
+
+def __getattr__(name: str) -> Any:
+    # The consumer imports pika, which a project that only enqueues never needs (PEP 562).
+    if name == "Consumer":
+        from outbox.django.consumer import Consumer
+
+        globals()[name] = Consumer
+        return Consumer
+    raise AttributeError(f"module 'outbox.django' has no attribute {name!r}")
