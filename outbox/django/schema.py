@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import router  # type: ignore[import-untyped]
+from django.db import connections, router, transaction  # type: ignore[import-untyped]
 
 from outbox import migrate, schema
 from outbox.django.connection import lent
@@ -25,3 +25,11 @@ def drop(apps: Any, schema_editor: Any) -> None:
     if router.allow_migrate(schema_editor.connection.alias, "outbox"):
         with lent(schema_editor.connection) as conn:
             schema.metadata.drop_all(conn)
+
+
+def create(using: str) -> None:
+    """`upgrade` on the `using` database outside any migration (see outbox/django/apps.py): in
+    a transaction of its own where the database has transactional DDL."""
+    if router.allow_migrate(using, "outbox"):
+        with transaction.atomic(using=using), lent(connections[using]) as conn:
+            migrate.upgrade(conn)

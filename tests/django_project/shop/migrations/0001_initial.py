@@ -12,7 +12,12 @@ class Migration(migrations.Migration):  # type: ignore[misc]
         migrations.CreateModel(
             name="Order",
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
                 ("total", models.IntegerField()),
                 ("note", models.CharField(blank=True, max_length=100)),
             ],
