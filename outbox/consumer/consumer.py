@@ -123,7 +123,8 @@ class ConsumerLoop:
             self._on_message = [
                 Verified(p, signing_secrets, max_age=signature_max_age) for p in self.processors
             ]
-        self._lock = threading.Lock()
+        # Reentrant: stop() may run in a signal handler on the thread that holds it in run().
+        self._lock = threading.RLock()
         self._conn: Any = None
         self._channel: Any = None
         self._stop = False

@@ -187,7 +187,10 @@ class Consumer:
     def run(self) -> None:
         """Consume until `stop()`; the delivery being handled finishes, the rest are requeued.
         The broker's connection errors propagate (`outbox.consumer.consumer.BrokerError`)."""
-        self.loop.run()
+        try:
+            self.loop.run()
+        finally:
+            connections[self.using].close()  # this thread's, kept open by CONN_MAX_AGE
 
     def stop(self) -> None:
         """Ask `run()` to return after the delivery in hand. Safe from any thread and from a

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
+from outbox.consumer.consumer import ConsumerLoop
 from outbox.consumer.policy import ConsumerPolicy
 from outbox.consumer.processor import BaseProcessor, Message
 
@@ -167,3 +168,43 @@ def test_each_line_names_its_delivery_in_the_message_and_in_extra(
     event = line.split(" ", 1)[0]
     assert record.msg.startswith(event + " ")  # the event name leads the format, unchanged
     assert {k: getattr(record, k) for k in fields} == fields
+
+
+class Purging(Transactions):
+    def __init__(self, batches: list[int] | Exception) -> None:
+        super().__init__(True)
+        self.batches = batches
+
+    def purge(self, consumer: str, *, cutoff: dt.datetime, batch_size: int) -> Iterator[int]:
+        if isinstance(self.batches, Exception):
+            raise self.batches
+        return iter(self.batches)
+
+
+@pytest.mark.parametrize(
+    ("batches", "line", "fields"),
+    [
+        ([1000, 5], "consumer.inbox_purged consumer=billing deleted=1005", {"deleted": 1005}),
+        (
+            RuntimeError("the database is gone"),
+            "consumer.inbox_purge_failed consumer=billing: the database is gone",
+            {"error": "the database is gone"},
+        ),
+    ],
+    ids=["purged", "purge_failed"],
+)
+def test_the_purge_lines_name_their_consumer(
+    caplog: pytest.LogCaptureFixture,
+    batches: list[int] | Exception,
+    line: str,
+    fields: dict[str, object],
+) -> None:
+    caplog.set_level(logging.INFO, logger="outbox.consumer")
+    loop = ConsumerLoop(Purging(batches), "amqp://127.0.0.1:1/%2F", QUEUE, name="billing")
+    loop._purge()  # what the purge thread runs every retention_interval
+    (record,) = [r for r in caplog.records if r.name == "outbox.consumer"]
+    assert record.getMessage() == line
+    assert {k: getattr(record, k) for k in ("consumer", *fields)} == {
+        "consumer": "billing",
+        **fields,
+    }
