@@ -8,7 +8,9 @@ commits. A handler that raises is retried through the broker or dead-lettered, a
 outbox/consumer/policy.py decides: the copy goes to `<queue>.retry.<N>s` (a queue whose TTL sends
 it back after N seconds) or to `<queue>.dead`, with the reason in its headers. The copy is
 confirmed by the broker before the original is acknowledged, so a crash in between duplicates a
-message (the inbox absorbs it) but never loses one.
+message (the inbox absorbs it) but never loses one. Where that transaction runs is the
+processor's `Transactions` (outbox/consumer/transactions.py): a SQLAlchemy `Session` for
+`Processor`, Django's connection for `outbox.django`.
 
 Nothing here sleeps: a pause (before putting a delivery back while the database is down, before
 running a handler again after its transaction lost a race) is scheduled on the connection
