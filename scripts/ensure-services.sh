@@ -49,11 +49,13 @@ if ! port_open 3306 && [ -x /usr/sbin/mariadbd ]; then
 fi
 
 # Debian packages the tests drive but a new machine lacks: PgBouncer (transaction pooling in
-# front of PostgreSQL) and Chromium (the console's browser tests). Installed once; apt's index
-# is refreshed only when a package is missing.
+# front of PostgreSQL), Chromium (the console's browser tests) and Prometheus (promtool checks
+# and tests deploy/prometheus/alerts.yaml; a real server scrapes a relay). Installed once; apt's
+# index is refreshed only when a package is missing.
 missing=()
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+{ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; } || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
         echo "installing ${missing[*]} from Debian's packages..." >&2
@@ -61,6 +63,10 @@ if [ ${#missing[@]} -gt 0 ]; then
             || { echo "error: could not install ${missing[*]} (apt-get install -y ${missing[*]})" >&2; exit 1; }
         # The Debian package starts its own PgBouncer on 6432; the tests start their own.
         service pgbouncer stop >/dev/null 2>&1 || pkill -x pgbouncer 2>/dev/null || true
+        # Prometheus's package starts a server on 9090 (and its node exporter on 9100); the tests
+        # start their own on a free port. (pkill matches the first 15 characters of a name.)
+        service prometheus stop >/dev/null 2>&1 || pkill -x prometheus 2>/dev/null || true
+        service prometheus-node-exporter stop >/dev/null 2>&1 || pkill -x prometheus-node 2>/dev/null || true
     else
         echo "error: ${missing[*]} missing; install with: apt-get install -y ${missing[*]}" >&2
         exit 1
