@@ -82,14 +82,13 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'outbox' has no attribute {name!r}")
-    try:
-        loaded = importlib.import_module(module)
+    try:  # a package may load the module holding `name` only when it is looked up
+        value = getattr(importlib.import_module(module), name)
     except ImportError as exc:
         named = _needs_extra(name, module, exc)
         if named is None:
             raise
         raise named from exc
-    value = getattr(loaded, name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 

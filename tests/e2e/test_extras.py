@@ -104,6 +104,11 @@ def test_the_library_alone_enqueues_into_sqlite_and_imports_no_extra(library: In
         assert outbox.verify and outbox.celery_task_message and outbox.dramatiq_message
         with engine.connect() as db:
             assert len(outbox.testing.enqueued(db)) == 2
+        # A consumer of its own (Celery, FastStream) uses the inbox and outcomes without pika.
+        with engine.begin() as db:
+            assert outbox.process_once(db, consumer="billing", message_id=str(first))
+            assert not outbox.process_once(db, consumer="billing", message_id=str(first))
+        assert isinstance(outbox.Retry("later"), Exception) and outbox.Reject("bad").args
         loaded = {name.split(".")[0] for name in sys.modules}
         print(sorted(loaded & {"pika", "tenacity", "tqdm", "psycopg", "relay"}))
         print(sorted(name for name in sys.modules if name.startswith("opentelemetry.sdk")))
