@@ -14,9 +14,12 @@ import uuid
 def new_id() -> uuid.UUID:
     ms = time.time_ns() // 1_000_000
     rand = int.from_bytes(os.urandom(10), "big")  # 80 random bits; 74 are used
-    value = (ms & 0xFFFF_FFFF_FFFF) << 80
-    value |= 0x7 << 76  # version 7
-    value |= ((rand >> 62) & 0xFFF) << 64  # rand_a: 12 bits
-    value |= 0b10 << 62  # RFC 9562 variant
-    value |= rand & 0x3FFF_FFFF_FFFF_FFFF  # rand_b: 62 bits
-    return uuid.UUID(int=value)
+    return uuid.UUID(
+        int=(ms & 0xFFFF_FFFF_FFFF) << 80  # unix_ts_ms: 48 bits
+        | ((rand >> 62) & 0xFFF) << 64  # rand_a: 12 bits
+        | rand & 0x3FFF_FFFF_FFFF_FFFF  # rand_b: 62 bits
+        | _VERSION_VARIANT
+    )
+
+
+_VERSION_VARIANT = 0x7 << 76 | 0b10 << 62  # version 7, RFC 9562 variant

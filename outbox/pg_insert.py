@@ -99,13 +99,22 @@ def covers_all(conn: Connection) -> bool:
 def _values(prepared: Prepared) -> dict[str, Any]:
     """The bind values of `prepared`'s row, by name, in the forms every driver in DRIVERS takes."""
     given = prepared.params
-    params = {name: given[name] for name in _COLUMNS}
-    params["id"] = str(params["id"])
-    headers = params["headers"]
-    # json.dumps as Core's JSON type calls it: the same text either way.
-    params["headers"] = _NO_HEADERS if headers is None else json.dumps(headers)
-    params["delay"] = prepared.wait or _ZERO
-    return params
+    headers = given["headers"]
+    return {
+        "id": str(prepared.id),
+        "exchange": given["exchange"],
+        "routing_key": given["routing_key"],
+        "payload": given["payload"],
+        "content_type": given["content_type"],
+        # json.dumps as Core's JSON type calls it: the same text either way.
+        "headers": _NO_HEADERS if headers is None else json.dumps(headers),
+        "key": given["key"],
+        "priority": given["priority"],
+        "max_attempts": given["max_attempts"],
+        "traceparent": given["traceparent"],
+        "tracestate": given["tracestate"],
+        "delay": prepared.wait or _ZERO,
+    }
 
 
 def insert_message(conn: Connection, prepared: Prepared, *, notify: bool) -> None:
