@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 EXTRAS := relay,postgresql,binary,mysql,async,console
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: help demo test docs lint typecheck unit integration bench chaos soak services clean lock
+.PHONY: help demo test docs lint typecheck unit integration bench chaos soak services clean lock alert-series
 
 help:
 	@echo "make demo    run the embedded demo (SQLite + local RabbitMQ)"
@@ -16,6 +16,7 @@ help:
 	@echo "make chaos   faults at full length (kills, cuts, broker restart, memory alarm): a table"
 	@echo "make soak    the relay for 30 minutes at 1,000 msg/s: memory, table size, claim time flat?"
 	@echo "make lock    regenerate constraints.txt after changing a dependency in pyproject.toml"
+	@echo "make alert-series  record a real relay under faults into the alerts' promtool tests"
 
 $(STAMP):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is needed, $(PYTHON) is " + sys.version.split()[0])'
@@ -39,6 +40,11 @@ lock:
 
 services:
 	@scripts/ensure-services.sh
+
+# About two minutes: real relays under real faults, scraped into tests/prometheus/alerts_test.yaml
+# (promtool's unit tests of deploy/prometheus/alerts.yaml). Run after changing an alert or a metric.
+alert-series: $(STAMP) services
+	$(PY) -m tests.prometheus.record
 
 demo: $(STAMP) services
 	$(VENV)/bin/outbox-relay demo
