@@ -408,3 +408,15 @@ def test_the_example_of_the_writing_page(pg_engine: Engine) -> None:
     rows = by_seq(pg_engine)
     assert [uuid.UUID(str(row["id"])) for row in rows] == namespace["ids"]
     assert [row["key"] for row in rows] == [f"order-{n}" for n in range(1000)]
+
+
+@pytest.mark.parametrize("url", ["pg_url", "mysql_url", "sqlite_url"])
+def test_without_the_outbox_tables_it_raises_schema_missing(
+    request: pytest.FixtureRequest, url: str
+) -> None:
+    engine = make_app_engine(str(request.getfixturevalue(url)))
+    try:
+        with engine.connect() as conn, pytest.raises(outbox.SchemaMissing):
+            outbox.enqueue_many(conn, [item(0), item(1)])
+    finally:
+        engine.dispose()
