@@ -28,6 +28,9 @@ class Chunk:
     outcomes: list[Outcome | None] = field(default_factory=list)
     remaining: int = 0
     chain: Hashable | None = None  # one at a time, each after the one before it is confirmed
+    # Message index -> the nacks it got so far: each is resent on a fresh channel while
+    # relay/amqp/nacks.py allows (a quorum queue electing a leader), then reported.
+    nacks: dict[int, int] = field(default_factory=dict)
 
 
 Entry = tuple[Chunk, int]
@@ -42,6 +45,10 @@ class Chan:
     next_tag: int = 0
     unconfirmed: dict[int, Entry] = field(default_factory=dict)
     queued: list[Entry] = field(default_factory=list)  # waiting for the channel to open
+    # Nacked: nothing more is sent on it (RabbitMQ may go on nacking a channel it nacked once);
+    # it is closed once what it has in flight is answered.
+    retired: bool = False
+    acked: bool = False  # a confirm came on it: a nack after that is the destination's
 
 
 def report(chunk: Chunk) -> None:

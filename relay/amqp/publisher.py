@@ -19,6 +19,10 @@ Each exchange gets its own confirm channel: publishing to a missing exchange mak
 close the channel (404), and with one channel per exchange that takes down only the messages
 that were going there, never the other destinations' messages in flight. What is waiting for
 the broker's answer (chunks, channels, chains) is tracked in relay/amqp/confirms.py.
+
+A nacked channel is retired and the nacked messages are sent again on a fresh one after a pause
+(a quorum queue electing a leader refuses for a moment, and RabbitMQ may go on refusing the
+channel it nacked); only a message nacked again there is reported REJECTED (relay/amqp/nacks.py).
 """
 
 from __future__ import annotations
@@ -38,13 +42,15 @@ from pika import spec
 from pika.adapters.select_connection import IOLoop, PollEvents
 from pika.exceptions import (
     AMQPConnectionError,
+    AMQPHeartbeatTimeout,
     ChannelClosedByBroker,
 )
 
 from relay.amqp import frames
 from relay.amqp.coalesce import CoalescingConnection
-from relay.amqp.confirms import Chains, Chan, Chunk, report
+from relay.amqp.confirms import Chains, Chan, Chunk, Entry, report
 from relay.amqp.connect_errors import connect_error
+from relay.amqp.nacks import RESEND_PAUSES, resend_pause
 from relay.amqp.nodes import Node, Rounds, broker_nodes, lost_fields, plain
 from relay.amqp.tls import TlsOptions
 from relay.amqp.untraced import untraced, wrapped_pika
@@ -62,6 +68,11 @@ MAX_CHANNELS = 256
 # The longest wait between reconnect rounds: with the connect itself, the relay is back within a
 # second of the broker accepting connections again, however long it was away.
 RECONNECT_MAX_DELAY = 0.75
+# A node that has sent nothing at all (no confirm, no heartbeat, no frame) for this long while
+# confirms are owed is taken for hung (a paused VM, a host cut off): the publisher moves on to
+# the next node instead of waiting out the heartbeat timeout (heartbeat + 5 s to twice that).
+# A live broker, even a slow one, answers something sooner; a blocked one is exempt.
+STALL_TIMEOUT = 3.0
 
 
 class Publisher:
@@ -88,9 +99,11 @@ class Publisher:
         confirm_timeout: float = 30.0,
         reconnect_max_delay: float = RECONNECT_MAX_DELAY,
         blocked_timeout: float = 300.0,
+        stall_timeout: float = STALL_TIMEOUT,
         name: str = "outbox-relay",
         tls: TlsOptions | None = None,
         signing: Keyring | None = None,
+        resend_pauses: tuple[float, ...] = RESEND_PAUSES,
     ) -> None:
         nodes = broker_nodes(amqp_url, tls)
         self._keyring = signing  # None: messages go unsigned
@@ -105,6 +118,9 @@ class Publisher:
         self._rounds = Rounds(nodes, reconnect_max_delay)
         self.node: str | None = None  # host:port of the node connected to, for logs and /readyz
         self._confirm_timeout = confirm_timeout
+        self._stall_timeout = stall_timeout
+        self._heard = (0, 0.0)  # the connection's bytes received, and when that last changed
+        self._pinged = False  # a channel was opened to see whether a silent node is alive
         self._ioloop = IOLoop()
         self._started = False  # the poller is active: wait() does IO, stop() has work to do
         # interrupt() writes a byte here, which ends a poll: pika's own wake-up takes a lock,
@@ -113,6 +129,10 @@ class Publisher:
         self._wake: socket.socket | None = None
         self._conn: Any = None
         self._chans: OrderedDict[str, Chan] = OrderedDict()  # least recently used first
+        # Nacked channels: nothing more is sent on them; closed once their messages are answered.
+        self._retired: dict[Chan, None] = {}
+        self._resend_pauses = resend_pauses
+        self._pausing: dict[Entry, None] = {}  # nacked messages waiting to be sent again
         self._chains = Chains(self._next_in_chain)
         self._returned: dict[str, str] = {}
         self._stopping = False
@@ -288,6 +308,7 @@ class Publisher:
         if isinstance(negotiated, int) and negotiated > 0:
             self._frame_max = negotiated
         self.connections += 1
+        self._heard = (0, time.monotonic())
         self.node = self._rounds.current.name
         # Each node that failed before this one answered, and the node tried after it.
         tried_next = [node.name for node, _ in self._first_round[1:]] + [self.node]
@@ -382,6 +403,7 @@ class Publisher:
     def _on_channel_closed(self, chan: Chan, reason: BaseException) -> None:
         if self._chans.get(chan.exchange) is chan:
             del self._chans[chan.exchange]
+        self._retired.pop(chan, None)
         if isinstance(reason, ChannelClosedByBroker) and reason.reply_code == 404:
             text = str(reason.reply_text)
             log.warning("broker.destination_missing", extra={"exchange": chan.exchange})
@@ -484,10 +506,59 @@ class Publisher:
             if returned is not None:
                 outcome = Outcome(item.seq, Fate.UNROUTABLE, returned)
             elif ack:
+                chan.acked = True
                 outcome = Outcome(item.seq, Fate.CONFIRMED)
+            elif self._nacked(chan, chunk, i):
+                continue  # sent again on a fresh channel after a pause
             else:
                 outcome = Outcome(item.seq, Fate.REJECTED, "basic.nack from broker")
             self._answer(chunk, i, outcome)
+        if chan.retired and not chan.unconfirmed:
+            self._close_retired(chan)
+
+    # ----------------------------------------------------------------- nacks
+
+    def _nacked(self, chan: Chan, chunk: Chunk, i: int) -> bool:
+        """Retire the nacked channel; True when message `i` is to be sent again on a fresh
+        channel (relay/amqp/nacks.py), False when its nack is to be reported: at once when the
+        channel had confirms before it (the destination took messages, and now refuses them:
+        a full queue)."""
+        self._retire(chan)
+        if chan.acked:
+            return False
+        nacks = chunk.nacks.get(i, 0) + 1
+        chunk.nacks[i] = nacks
+        pause = resend_pause(nacks, self._resend_pauses)
+        if pause is None or self._stopping:
+            return False
+        self._pausing[chunk, i] = None
+        self._ioloop.call_later(pause, lambda: self._resend(chunk, i))
+        return True
+
+    def _retire(self, chan: Chan) -> None:
+        if chan.retired:
+            return
+        chan.retired = True
+        if self._chans.get(chan.exchange) is chan:
+            del self._chans[chan.exchange]  # the exchange's next message opens a new channel
+        self._retired[chan] = None
+        log.debug("broker.nacked", extra={"exchange": chan.exchange, "node": self.node})
+
+    def _close_retired(self, chan: Chan) -> None:
+        self._retired.pop(chan, None)
+        with contextlib.suppress(Exception):  # already closing is fine
+            chan.channel.close()
+
+    def _resend(self, chunk: Chunk, i: int) -> None:
+        if self._pausing.pop((chunk, i), 1) is not None:
+            return  # answered meanwhile: the connection was lost, or the publisher stopped
+        if self._conn is None or not self._conn.is_open or self._stopping:
+            why = "no connection to the broker"
+            outcome = Outcome(chunk.items[i].seq, Fate.UNCONFIRMED, why, connection_lost=True)
+            self._answer(chunk, i, outcome)
+            return
+        with self._conn.coalesced():
+            self._send_or_queue(self._chan(chunk.items[i].exchange), chunk, i)
 
     def _answer(self, chunk: Chunk, i: int, outcome: Outcome) -> None:
         if chunk.outcomes[i] is not None:
@@ -516,15 +587,51 @@ class Publisher:
                 self._answer(chunk, i, outcome)
 
     def _fail_everything(self, why: str) -> None:
-        chans = list(self._chans.values())
+        chans = [*self._chans.values(), *self._retired]
         self._chans.clear()
+        self._retired.clear()
         for chan in chans:
             self._fail_chan(chan, Fate.UNCONFIRMED, why, Fate.NOT_SENT, lost=True)
+        # Nacked, waiting to be sent again: the broker may have routed them to some queues.
+        pausing, self._pausing = self._pausing, {}
+        for chunk, i in pausing:
+            outcome = Outcome(chunk.items[i].seq, Fate.UNCONFIRMED, why, connection_lost=True)
+            self._answer(chunk, i, outcome)
         self._returned.clear()
+
+    def _check_stalled(self, now: float) -> None:
+        """Drop a connection whose node went silent while confirms are owed (STALL_TIMEOUT)."""
+        conn = self._conn
+        if conn is None or not conn.is_open:
+            return
+        got = conn.bytes_received
+        if got != self._heard[0]:
+            self._heard = (got, now)
+            return
+        silent = now - self._heard[1]
+        oldest = min(
+            (next(iter(c.unconfirmed.values()))[0].sent_at
+             for c in [*self._chans.values(), *self._retired] if c.unconfirmed),
+            default=now,
+        )  # fmt: skip
+        if self.blocked or silent < self._stall_timeout or now - oldest < self._stall_timeout:
+            self._pinged = False
+            return
+        if not self._pinged:
+            # The node may only be waiting for a queue's leader on another node: ask it for
+            # something it answers itself (a channel), and drop it only if that goes unanswered.
+            self._pinged = True
+            self._heard = (got, now)
+            with contextlib.suppress(Exception):
+                conn.channel(on_open_callback=lambda ch: ch.close())
+            return
+        why = f"the node sent nothing for {silent:.0f} s while confirms were owed"
+        conn._terminate_stream(AMQPHeartbeatTimeout(why))  # as pika's heartbeat checker does
 
     def _check_confirm_timeouts(self) -> None:
         now = time.monotonic()
-        for chan in list(self._chans.values()):
+        self._check_stalled(now)
+        for chan in [*self._chans.values(), *self._retired]:
             oldest = next(iter(chan.unconfirmed.values()), None)
             if oldest is None or now - oldest[0].sent_at <= self._confirm_timeout:
                 continue
@@ -537,6 +644,7 @@ class Publisher:
             )
             if self._chans.get(chan.exchange) is chan:
                 del self._chans[chan.exchange]
+            self._retired.pop(chan, None)
             why = f"no confirm within {self._confirm_timeout:g} s"
             self._fail_chan(chan, Fate.UNCONFIRMED, why, Fate.NOT_SENT)
             with contextlib.suppress(Exception):  # already closing is fine
