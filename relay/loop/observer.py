@@ -28,6 +28,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from outbox.states import ALL_STATES
 from relay.core.circuit import CircuitState, Transition
 from relay.core.policy import Dead, Retry
+from relay.errors import DatabaseUnavailable
+from relay.loop.outage import Outage
 from relay.ports import Claimed, StateCounts, Store, TableHealth
 
 LOOP_SPAN_EVERY = 1.0  # seconds between two sampled loop spans of one kind
@@ -68,11 +70,28 @@ class Instruments(Protocol):
 Observe = Callable[[], Iterable[tuple[float, dict[str, str]]]]
 
 
-def _gauge(meter: Meter, name: str, unit: str, description: str, observe: Observe) -> None:
-    """An observable gauge whose callback yields (value, attributes) pairs."""
+def _gauge(
+    meter: Meter,
+    name: str,
+    unit: str,
+    description: str,
+    observe: Observe,
+    outage: Outage | None = None,
+) -> None:
+    """An observable gauge whose callback yields (value, attributes) pairs. With `outage`, it
+    reads the database: while that is unavailable the gauge reports nothing (the SDK would log a
+    traceback per gauge and scrape), and `outage` says so once."""
 
     def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(value, attributes) for value, attributes in observe()]
+        if outage is None:
+            return [Observation(value, attributes) for value, attributes in observe()]
+        try:
+            found = [Observation(value, attributes) for value, attributes in observe()]
+        except DatabaseUnavailable as exc:
+            outage.failed(str(exc))
+            return []
+        outage.answered()
+        return found
 
     meter.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)
 
@@ -133,6 +152,7 @@ class Observer:
         when something reads the metrics (each collection costs queries). `tables`: the dead
         rows of the relay's tables, where the database counts them (PostgreSQL)."""
         meter = self._meter
+        outage = Outage("metrics")  # one line when the database goes, one when it is back
         # Both message gauges read one StateCounts: one collection, one pair of queries.
         cached: list[tuple[float, StateCounts]] = []
 
@@ -163,6 +183,7 @@ class Observer:
             "{message}",
             "messages by state; estimated=true where the figure is an estimate",
             states,
+            outage,
         )
         _gauge(
             meter,
@@ -170,6 +191,7 @@ class Observer:
             "s",
             "how long the longest-waiting due message has waited: the lag of a stuck outbox",
             oldest,
+            outage,
         )
         _gauge(
             meter,
@@ -187,6 +209,7 @@ class Observer:
             "{relay}",
             f"relays whose heartbeat is younger than {ALIVE_WITHIN:g} s",
             lambda: [(float(len(store.relays(ALIVE_WITHIN))), {})],
+            outage,
         )
         if tables is not None:
             read = tables
@@ -197,6 +220,7 @@ class Observer:
                 "dead rows out of all rows, per table of the relay: what only a vacuum reclaims; "
                 "one that keeps growing means autovacuum is off or cannot keep up",
                 lambda: [(t.dead_ratio, {"table": t.table}) for t in read()],
+                outage,
             )
 
     def watch_window(self, size: Callable[[], int]) -> None:
