@@ -224,7 +224,9 @@ UPDATE outbox_relay SET last_seen = {{now}}
 WHERE relay_id = :relay_id AND started_at = :started_at
 
 -- ping --
-SELECT 1
+-- The health probe (/readyz): the database answers, and takes writes. A read-only server (a
+-- standby in recovery) answering a multi-host URL is not ready: the relay could do nothing there.
+SELECT {{read_only}} AS read_only
 
 -- ------------------------------------------------------------------------ counting by state
 

@@ -308,3 +308,7 @@ greatest(created_at, coalesce(last_failed_at, created_at), coalesce(replayed_at,
 
 -- purge_attempts --
 DELETE FROM outbox_attempt WHERE message_id IN :ids
+
+-- read_only --
+-- Whether the server takes writes is not asked on MySQL (the probe only checks it answers).
+0

@@ -525,3 +525,8 @@ SELECT pg_backend_pid(), current_setting('statement_timeout')
 -- (NULL: none on its search_path exists or is usable) and the database: the words of the error
 -- the operator is given (Postgres.migration_denied).
 SELECT current_user, current_schema(), current_database()
+
+-- read_only --
+-- A standby in recovery, or a server whose sessions are read-only (default_transaction_read_only):
+-- nothing the relay writes would be taken. Both are read from memory, no table is touched.
+pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'

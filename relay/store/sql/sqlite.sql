@@ -251,3 +251,7 @@ max(created_at, coalesce(last_failed_at, created_at), coalesce(replayed_at, crea
 -- A purge batch's attempt rows (common.sql, doomed). :ids is a JSON array of message ids as SQLite
 -- stores them (32 lowercase hex digits).
 DELETE FROM outbox_attempt WHERE message_id IN (SELECT value FROM json_each(:ids))
+
+-- read_only --
+-- A file the relay opened takes writes.
+0
