@@ -53,6 +53,9 @@ def make_engine(
     if relaxed_commit and url.get_driver_name() == "psycopg":
         # The loop's connections let its thread do the broker's IO while it waits for them.
         event.listen(engine, "do_connect", _overlapping)
+    if relaxed_commit:  # the loop's engine: one per database the relay works on
+        where = url.render_as_string(hide_password=True)
+        event.listen(engine, "connect", lambda dbapi_conn, _record: _say_server(where, dbapi_conn))
     timeout_sql = dialect.statement_timeout if statement_timeout is not None else None
     relaxed_sql = dialect.relaxed_commit if relaxed_commit else None
     # The loop's statements prepared on the server, on a direct connection only, unless the URL
@@ -104,6 +107,33 @@ def _say_pooled(url: URL, server_timeout: str) -> None:
         log.warning("database.pooled", extra={**fields, "hint": hint})
     else:
         log.info("database.pooled", extra=fields)
+
+
+_servers: dict[str, str] = {}  # database URL -> host:port its last new connection reached
+
+
+def server_of(dbapi_conn: Any) -> str | None:
+    """The host:port a driver connection reached, where the driver says (psycopg: the host of a
+    multi-host URL that answered), else None. Read from the connection: no round trip."""
+    info = getattr(dbapi_conn, "info", None)
+    host, port = getattr(info, "host", None), getattr(info, "port", None)
+    return None if not host else f"{host}:{port}"
+
+
+def _say_server(where: str, dbapi_conn: Any) -> None:
+    """One line when the relay first reaches its database, and one each time a new connection
+    reaches another server than the last (a multi-host URL after a failover)."""
+    server = server_of(dbapi_conn)
+    if server is None:
+        return
+    previous = _servers.get(where)
+    if previous == server:
+        return
+    _servers[where] = server
+    if previous is None:
+        log.info("database.connected", extra={"db": where, "host": server})
+    else:
+        log.warning("database.connected", extra={"db": where, "host": server, "previous": previous})
 
 
 @contextmanager
