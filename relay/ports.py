@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -178,6 +178,12 @@ class Store(Protocol):
     def reclaim_owner(self, relay_id: str, *, max_attempts: int = 10) -> int:
         """Do to every row leased to `relay_id` what reclaim_expired does to an expired lease:
         an earlier run of this relay id died holding them."""
+
+    def reclaim_strays(
+        self, relay_id: str, held: Collection[tuple[uuid.UUID, int]], *, max_attempts: int = 10
+    ) -> int:
+        """Do to every row leased to `relay_id` but not among `held` (lease token, seq) what
+        reclaim_expired does to an expired lease: a claim whose answer a database outage lost."""
 
     def reclaim_dead(
         self, *, relay_id: str, dead_after: float, max_attempts: int = 10

@@ -51,6 +51,7 @@ EXPIRED = "lease held by {owner} expired before it settled"
 EARLIER_RUN = "lease held by an earlier run of {relay}, which stopped before it settled"
 DEAD_RELAY = "relay {owner} stopped beating (no heartbeat for {seconds} s) before it settled"
 CRASHED = "relay {relay} crashed before it settled: {why}"
+STRAY = "lease held by {relay} under a claim whose answer a database failure lost"
 UNKNOWN_OWNER = "?"  # a row in flight with no lease_owner (never written so; said plainly)
 
 
@@ -69,6 +70,11 @@ def dead_relay(owner: str | None, dead_after: float) -> str:
     return DEAD_RELAY.format(
         owner=UNKNOWN_OWNER if owner is None else owner, seconds=seconds(dead_after)
     )
+
+
+def stray(relay_id: str) -> str:
+    """A lease of this relay's it never heard of (reclaim_strays)."""
+    return STRAY.format(relay=relay_id)
 
 
 def crashed(relay_id: str, why: str) -> str:

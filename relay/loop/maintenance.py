@@ -2,6 +2,13 @@
 cancelled head, this relay's slow batches) and retention. The heartbeat, and the leases of relays
 whose heartbeat stopped, are the pulse's (relay/loop/pulse.py), on a thread of its own.
 
+After the database failed the loop (an outage, a failover to a standby), the rows the database
+holds leased to this relay under a claim the relay never heard the answer of are taken back as
+soon as it answers again (`reclaim_strays`), rather than when their lease runs out: a claim whose
+commit the server made (or the standby received) while its answer was lost is a lease no part of
+this relay knows, never sent. They come back as the rows of an earlier run of this relay do, as
+suspects (relay/core/suspects.py); the leases the relay does hold are left as they are.
+
 Each runs when due, as one bounded step: retention deletes at most the policy's budget per pass
 (relay/core/retention.py) and comes back soon only when it left a backlog, so neither ever holds
 the loop up for long.
@@ -21,6 +28,9 @@ from relay.ports import Store
 
 log = logging.getLogger("relay")
 
+# Seconds between two attempts at taking back strays while the database still fails.
+STRAYS_RETRY = 0.5
+
 
 class Maintenance:
     def __init__(
@@ -38,6 +48,31 @@ class Maintenance:
         self.next_upkeep = 0.0  # clock time the leases are next looked after
         self._next_sweep = 0.0
         self._next_retention = 0.0
+        self._strays = False  # the database failed the loop since strays were last taken back
+        self._next_strays = 0.0
+
+    def database_failed(self) -> None:
+        """A statement of the loop failed on the database: one of its claims may have been made
+        without the relay hearing of it."""
+        self._strays = True
+
+    def reclaim_strays(self, counts: Counts, now: float) -> int:
+        """After a database failure, take back the rows leased to this relay outside the
+        leases it holds; how many. May raise DatabaseUnavailable (then tried again
+        STRAYS_RETRY seconds later)."""
+        if not self._strays or now < self._next_strays:
+            return 0
+        self._next_strays = now + STRAYS_RETRY
+        config = self._config
+        held = [(lease.token, seq) for lease in self._leases.values() for seq in lease.rows]
+        taken = self._store.reclaim_strays(
+            config.relay_id, held, max_attempts=config.policy.max_attempts
+        )
+        self._strays = False
+        if taken:
+            counts.reclaimed += taken
+            log.warning("relay.strays_reclaimed", extra={"count": taken, "held": len(held)})
+        return taken
 
     def upkeep(self, counts: Counts, now: float) -> None:
         """Look after the leases. May raise DatabaseUnavailable (then again at the next turn

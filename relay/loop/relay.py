@@ -204,6 +204,8 @@ class Relay:
                 log.error("relay.retention_failed", extra={"error": str(exc)})
         if not self._stopping:
             try:
+                if upkeep.reclaim_strays(counts, now):  # after a database failure, at once
+                    self.claimer.claim_soon()
                 self.claimer.claim(counts, now)
             except DatabaseUnavailable as exc:
                 self._db_failed("claim", exc)
@@ -326,6 +328,7 @@ class Relay:
         self.pulse.rejoin()
 
     def _db_failed(self, what: str, exc: Exception) -> None:
+        self.maintenance.database_failed()  # a claim may have been made unheard of
         wait = self.claimer.back_off()
         extra = {"during": what, "error": str(exc), "attempt": self.claimer.db_attempt,
                  "retry_in": round(wait, 3)}  # fmt: skip

@@ -11,7 +11,8 @@ as read until the decisions are written.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 from sqlalchemy import Connection, Row
@@ -26,14 +27,22 @@ Reason = Callable[[str | None], str]
 
 
 def reclaim(
-    dialect: Dialect, conn: Connection, pick: Compiled, params: Mapping[str, Any], why: Reason
+    dialect: Dialect,
+    conn: Connection,
+    pick: Compiled,
+    params: Mapping[str, Any],
+    why: Reason,
+    *,
+    keep: Set[tuple[uuid.UUID, int]] = frozenset(),
 ) -> int:
-    """Take back the rows `pick` (one of the stuck_* statements) reads with `params`; return how
-    many. params: relay_id (who records it), max_attempts (the relay's default), and what
-    `pick` binds (token, owner)."""
+    """Take back the rows `pick` (one of the stuck_* statements) reads with `params`, but those
+    of `keep` (lease token, seq); return how many. params: relay_id (who records it),
+    max_attempts (the relay's default), and what `pick` binds (token, owner)."""
     with dialect.transaction(conn):
         now = _now(dialect, conn, params)
         rows = conn.execute(pick, {**params, "now": now}).all()
+        if keep:
+            rows = [r for r in rows if (r.lease_token, r.seq) not in keep]
         return _take_back(dialect, conn, rows, why, {**params, "now": now})
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -264,6 +264,21 @@ class SqlStore:
         with self._conn() as conn:
             return rescuer.reclaim(self.dialect, conn, self._sql.stuck_owned, params, lambda _: why)
 
+    def reclaim_strays(
+        self, relay_id: str, held: Collection[tuple[uuid.UUID, int]], *, max_attempts: int = 10
+    ) -> int:
+        params = {
+            "relay_id": relay_id,
+            "owner": relay_id,
+            "max_attempts": max_attempts,
+            "now": self._clock(),
+        }
+        why = suspects.stray(relay_id)
+        with self._conn() as conn:
+            return rescuer.reclaim(
+                self.dialect, conn, self._sql.stuck_owned, params, lambda _: why, keep=set(held)
+            )
+
     def reclaim_dead(
         self, *, relay_id: str, dead_after: float, max_attempts: int = 10
     ) -> tuple[list[str], int]:
@@ -380,8 +395,12 @@ class SqlStore:
             return inspect_schema(conn)
 
     def ping(self) -> None:
+        """The database answers and takes writes; DatabaseUnavailable otherwise."""
         with self._side_conn() as conn:
-            conn.execute(self._sql.ping)
+            read_only = conn.execute(self._sql.ping).scalar_one()
+        if read_only:
+            where = self.engine.url.render_as_string(hide_password=True)
+            raise DatabaseUnavailable(f"database {where} is read-only (a standby): no primary")
 
     def while_waiting(self, wait: FdWait) -> AbstractContextManager[None]:
         """On the calling thread, wait for the database with `wait` (relay/store/overlap.py)."""

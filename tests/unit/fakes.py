@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import uuid
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -318,6 +318,19 @@ class FakeStore:
 
     def reclaim_owner(self, relay_id: str, *, max_attempts: int = 10) -> int:
         return 0
+
+    def reclaim_strays(
+        self, relay_id: str, held: Collection[tuple[uuid.UUID, int]], *, max_attempts: int = 10
+    ) -> int:
+        self._maybe_fail("reclaim_strays")
+        # One relay per fake store: every lease is relay_id's.
+        strays = [
+            r for r in self.rows.values()
+            if r.state == "in_flight" and (r.token, r.claimed.seq) not in held
+        ]  # fmt: skip
+        for row in strays:
+            self._take_back(row)
+        return len(strays)
 
     def reclaim_dead(
         self, *, relay_id: str, dead_after: float, max_attempts: int = 10
