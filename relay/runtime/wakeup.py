@@ -42,7 +42,13 @@ class Listener:
     def __init__(self, db_url: str, listen: str, on_notify: Callable[[], None]) -> None:
         url, driver_args = driver_arguments(parse_db_url(db_url))
         self._listen = listen
-        self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        from psycopg.conninfo import make_conninfo  # psycopg is an extra: imported when used
+        from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+        # As SQLAlchemy's psycopg dialect connects: a multi-host URL (host=h1:p1&host=h2:p2)
+        # becomes libpq's host=h1,h2 port=p1,p2, which a URI of the query would not say.
+        _, params = PGDialect_psycopg().create_connect_args(url)  # type: ignore[no-untyped-call]
+        self._conninfo = make_conninfo("", **params)
         # prepare_threshold is psycopg's, not libpq's: it must not reach the conninfo.
         self._connect_args: dict[str, Any] = {"prepare_threshold": None, **driver_args}
         self._secrets = secrets_of(db_url)
