@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.chaos import mid_drain, partitions, recovery, run
+from tests.chaos import cluster, mid_drain, partitions, recovery, run
 
 BROKER, DB, HOT = {"broker": True}, {"db": True}, {"hot": True}
 PARTITIONS = "partitions: 6 consumers SIGKILLed x16, relay SIGKILL, broker cut"
@@ -128,6 +128,11 @@ def main() -> int:
         notes.append(partitions.note(row, kills))
         print(f"chaos: {row.fault}: {'ok' if row.ok else 'FAILED'} "
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
+    # A three-node RabbitMQ cluster of its own (tests/chaos/cluster.py), PostgreSQL only.
+    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    for row, note in cluster.run_all(wanted, cluster.MESSAGES, tmp):
+        rows.append(row)
+        notes.append(note)
     print()
     print(run.table(rows))
     for line in notes:
