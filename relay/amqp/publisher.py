@@ -605,17 +605,17 @@ class Publisher:
         if conn is None or not conn.is_open:
             return
         got = conn.bytes_received
-        if got != self._heard[0]:
+        if got != self._heard[0]:  # the node spoke
             self._heard = (got, now)
+            self._pinged = False
             return
-        silent = now - self._heard[1]
         oldest = min(
             (next(iter(c.unconfirmed.values()))[0].sent_at
              for c in [*self._chans.values(), *self._retired] if c.unconfirmed),
             default=now,
         )  # fmt: skip
-        if self.blocked or silent < self._stall_timeout or now - oldest < self._stall_timeout:
-            self._pinged = False
+        stall = self._stall_timeout
+        if self.blocked or now - oldest < stall or now - self._heard[1] < stall:
             return
         if not self._pinged:
             # The node may only be waiting for a queue's leader on another node: ask it for
@@ -625,7 +625,7 @@ class Publisher:
             with contextlib.suppress(Exception):
                 conn.channel(on_open_callback=lambda ch: ch.close())
             return
-        why = f"the node sent nothing for {silent:.0f} s while confirms were owed"
+        why = f"the node answered nothing for {stall * 2:g} s while confirms were owed"
         conn._terminate_stream(AMQPHeartbeatTimeout(why))  # as pika's heartbeat checker does
 
     def _check_confirm_timeouts(self) -> None:

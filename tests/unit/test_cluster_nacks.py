@@ -201,3 +201,54 @@ def test_a_lost_connection_answers_what_waits_to_be_sent_again_as_lost_with_it(
 )
 def test_resend_pauses(nacks: int, pause: float | None) -> None:
     assert resend_pause(nacks) == pause
+
+
+class Silent(FakeConnection):
+    """A node that stops answering: its byte count stands still; dropped like pika drops one."""
+
+    bytes_received = 100
+    dropped: str | None = None
+
+    def _terminate_stream(self, error: Exception) -> None:
+        self.dropped = str(error)
+
+
+def test_a_node_silent_while_confirms_are_owed_is_asked_once_then_dropped(
+    wired: tuple[Publisher, FakeConnection, FakeLoop],
+) -> None:
+    publisher, _conn, _loop = wired
+    conn = Silent()
+    publisher._conn = conn
+    t0 = 1000.0
+    publisher._check_stalled(t0)  # heard 100 bytes now
+    publisher.publish(items(1), lambda _o: None)
+    next(iter(publisher._chans.values())).unconfirmed[1][0].sent_at = t0
+    publisher._check_stalled(t0 + 2.9)
+    assert len(conn.channels) == 1  # owed less than 3 s: nothing
+    publisher._check_stalled(t0 + 3.0)
+    assert len(conn.channels) == 2  # asked to open a channel
+    publisher._check_stalled(t0 + 5.9)
+    assert conn.dropped is None
+    publisher._check_stalled(t0 + 6.0)  # no answer to that either
+    assert conn.dropped is not None
+    assert "answered nothing" in conn.dropped
+
+
+def test_a_node_that_answers_the_channel_is_kept(
+    wired: tuple[Publisher, FakeConnection, FakeLoop],
+) -> None:
+    publisher, _conn, _loop = wired
+    conn = Silent()
+    publisher._conn = conn
+    t0 = 1000.0
+    publisher._check_stalled(t0)
+    publisher.publish(items(1), lambda _o: None)
+    next(iter(publisher._chans.values())).unconfirmed[1][0].sent_at = t0
+    publisher._check_stalled(t0 + 3.0)  # asked
+    conn.bytes_received += 20  # channel.open-ok: alive, only waiting (a queue's leader elsewhere)
+    publisher._check_stalled(t0 + 4.0)
+    publisher._check_stalled(t0 + 6.5)
+    assert conn.dropped is None
+    publisher._check_stalled(t0 + 7.0)  # silent 3 s again: asked again, not dropped
+    assert conn.dropped is None
+    assert len(conn.channels) == 3
