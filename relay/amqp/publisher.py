@@ -20,9 +20,11 @@ close the channel (404), and with one channel per exchange that takes down only 
 that were going there, never the other destinations' messages in flight. What is waiting for
 the broker's answer (chunks, channels, chains) is tracked in relay/amqp/confirms.py.
 
-A nacked channel is retired and the nacked messages are sent again on a fresh one after a pause
-(a quorum queue electing a leader refuses for a moment, and RabbitMQ may go on refusing the
-channel it nacked); only a message nacked again there is reported REJECTED (relay/amqp/nacks.py).
+A nacked channel is retired (RabbitMQ may go on refusing a channel it nacked once). A nack
+before the channel confirmed anything may be a quorum queue electing its leader: the message is
+sent again on a fresh channel after a pause; a nack after confirms, or on fresh channels again
+and again, is reported REJECTED (relay/amqp/nacks.py). A node silent while confirms are owed is
+dropped for the next (STALL_TIMEOUT).
 """
 
 from __future__ import annotations
