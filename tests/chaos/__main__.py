@@ -6,7 +6,10 @@ relay its broker connection.
 
 --only takes name prefixes: `--only "hot keys"` runs the hot-key faults (3 keys with 80% of the
 traffic), `--only relay` only "relay SIGKILL x10", `--only partitions` the partitioned consumers
-(4 partitions, 6 consumer processes with the inbox, 20,000 messages on 200 keys; PostgreSQL).
+(4 partitions, 6 consumer processes with the inbox, 20,000 messages on 200 keys; PostgreSQL),
+`--only "postgresql failover"` the primary SIGKILLed mid-drain and its streaming standby promoted,
+with synchronous and asynchronous replication, the writers writing or idle at the crash (a pair of
+clusters of their own: tests/chaos/failover.py).
 
 Every fault runs on each database in turn (PostgreSQL, then MariaDB), the relay and the writers
 on a schema or database of their own.
@@ -20,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.chaos import cluster, mid_drain, partitions, recovery, run
+from tests.chaos import cluster, failover, mid_drain, partitions, recovery, run
 
 BROKER, DB, HOT = {"broker": True}, {"db": True}, {"hot": True}
 PARTITIONS = "partitions: 6 consumers SIGKILLed x16, relay SIGKILL, broker cut"
@@ -126,6 +129,18 @@ def main() -> int:
         )  # fmt: skip
         rows.append(row)
         notes.append(partitions.note(row, kills))
+        print(f"chaos: {row.fault}: {'ok' if row.ok else 'FAILED'} "
+              f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
+    for synchronous, idle in failover.NAMES:
+        # Clusters of its own, not the databases above: once, whatever --databases says.
+        name = failover.NAMES[synchronous, idle]
+        if wanted and not any(name.startswith(w) for w in wanted):
+            continue
+        started = time.monotonic()
+        print(f"chaos: {name}, 40,000 messages ...", flush=True)
+        row, seen = failover.run_failover(synchronous=synchronous, idle=idle)
+        rows.append(row)
+        notes.append(failover.note(row, seen))
         print(f"chaos: {row.fault}: {'ok' if row.ok else 'FAILED'} "
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
     # A three-node RabbitMQ cluster of its own (tests/chaos/cluster.py), PostgreSQL only.

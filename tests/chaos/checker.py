@@ -100,6 +100,10 @@ class DeliveryChecker:
         with self._lock:
             return {key: list(ids) for key, ids in self._order.items()}
 
+    def received_ids(self) -> set[str]:
+        with self._lock:
+            return set(self._arrived)
+
     def committed_ids(self) -> set[str]:
         with self._lock:
             return set(self._committed)
