@@ -172,14 +172,16 @@ def environment(queue_type: str) -> Iterator[tuple[str, Engine, str, str]]:
 
 
 class ClusterConsumer:
-    """`outbox.Consumer` (with its inbox) on one node of the cluster, started again whenever its
-    connection fails, as a supervisor would."""
+    """`outbox.Consumer` (with its inbox) on another node of the cluster than the relay's,
+    started again whenever its connection fails, as a supervisor would."""
 
     def __init__(self, engine: Engine, node: rc.Node, queue: str, checker: DeliveryChecker):
         def handle(_session: Session, message: outbox.Message) -> None:
             checker.received(str(message.id))
 
-        self.consumer = outbox.Consumer(engine, node.url, queue, handle, inbox_retention=None)
+        # Every node, its own first: it moves on when its node restarts, as the relay does.
+        urls = rc.urls(first=node.n)
+        self.consumer = outbox.Consumer(engine, urls, queue, handle, inbox_retention=None)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-cluster")
         self.restarts = 0
