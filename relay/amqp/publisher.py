@@ -24,7 +24,7 @@ A nacked channel is retired (RabbitMQ may go on refusing a channel it nacked onc
 before the channel confirmed anything may be a quorum queue electing its leader: the message is
 sent again on a fresh channel after a pause; a nack after confirms, or on fresh channels again
 and again, is reported REJECTED (relay/amqp/nacks.py). A node silent while confirms are owed is
-dropped for the next (STALL_TIMEOUT).
+dropped for the next (relay/amqp/stall.py).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from relay.amqp.confirms import Chains, Chan, Chunk, Entry, report
 from relay.amqp.connect_errors import connect_error
 from relay.amqp.nacks import RESEND_PAUSES, resend_pause
 from relay.amqp.nodes import Node, Rounds, broker_nodes, lost_fields, plain
+from relay.amqp.stall import STALL_TIMEOUT, Action, Silence
 from relay.amqp.tls import TlsOptions
 from relay.amqp.untraced import untraced, wrapped_pika
 from relay.amqp.wire import DEFAULT_FRAME_MAX, to_outgoing
@@ -70,11 +71,6 @@ MAX_CHANNELS = 256
 # The longest wait between reconnect rounds: with the connect itself, the relay is back within a
 # second of the broker accepting connections again, however long it was away.
 RECONNECT_MAX_DELAY = 0.75
-# A node that has sent nothing at all (no confirm, no heartbeat, no frame) for this long while
-# confirms are owed is taken for hung (a paused VM, a host cut off): the publisher moves on to
-# the next node instead of waiting out the heartbeat timeout (heartbeat + 5 s to twice that).
-# A live broker, even a slow one, answers something sooner; a blocked one is exempt.
-STALL_TIMEOUT = 3.0
 
 
 class Publisher:
@@ -120,9 +116,7 @@ class Publisher:
         self._rounds = Rounds(nodes, reconnect_max_delay)
         self.node: str | None = None  # host:port of the node connected to, for logs and /readyz
         self._confirm_timeout = confirm_timeout
-        self._stall_timeout = stall_timeout
-        self._heard = (0, 0.0)  # the connection's bytes received, and when that last changed
-        self._pinged = False  # a channel was opened to see whether a silent node is alive
+        self._silence = Silence(stall_timeout)  # a node gone silent (relay/amqp/stall.py)
         self._ioloop = IOLoop()
         self._started = False  # the poller is active: wait() does IO, stop() has work to do
         # interrupt() writes a byte here, which ends a poll: pika's own wake-up takes a lock,
@@ -310,7 +304,7 @@ class Publisher:
         if isinstance(negotiated, int) and negotiated > 0:
             self._frame_max = negotiated
         self.connections += 1
-        self._heard = (0, time.monotonic())
+        self._silence.reset(time.monotonic())
         self.node = self._rounds.current.name
         # Each node that failed before this one answered, and the node tried after it.
         tried_next = [node.name for node, _ in self._first_round[1:]] + [self.node]
@@ -602,33 +596,21 @@ class Publisher:
         self._returned.clear()
 
     def _check_stalled(self, now: float) -> None:
-        """Drop a connection whose node went silent while confirms are owed (STALL_TIMEOUT)."""
+        """Ask a node gone silent while confirms are owed, then drop it (relay/amqp/stall.py)."""
         conn = self._conn
         if conn is None or not conn.is_open:
             return
-        got = conn.bytes_received
-        if got != self._heard[0]:  # the node spoke
-            self._heard = (got, now)
-            self._pinged = False
-            return
-        oldest = min(
-            (next(iter(c.unconfirmed.values()))[0].sent_at
-             for c in [*self._chans.values(), *self._retired] if c.unconfirmed),
-            default=now,
-        )  # fmt: skip
-        stall = self._stall_timeout
-        if self.blocked or now - oldest < stall or now - self._heard[1] < stall:
-            return
-        if not self._pinged:
-            # The node may only be waiting for a queue's leader on another node: ask it for
-            # something it answers itself (a channel), and drop it only if that goes unanswered.
-            self._pinged = True
-            self._heard = (got, now)
+        owed = [next(iter(c.unconfirmed.values()))[0].sent_at
+                for c in [*self._chans.values(), *self._retired] if c.unconfirmed]  # fmt: skip
+        silence = self._silence
+        action = silence.check(now, conn.bytes_received, min(owed, default=None), self.blocked)
+        if action is Action.ASK:
             with contextlib.suppress(Exception):
                 conn.channel(on_open_callback=lambda ch: ch.close())
-            return
-        why = f"the node answered nothing for {stall * 2:g} s while confirms were owed"
-        conn._terminate_stream(AMQPHeartbeatTimeout(why))  # as pika's heartbeat checker does
+        elif action is Action.DROP:
+            silent = silence.timeout * 2
+            why = f"the node answered nothing for {silent:g} s while confirms were owed"
+            conn._terminate_stream(AMQPHeartbeatTimeout(why))  # as pika's heartbeat checker does
 
     def _check_confirm_timeouts(self) -> None:
         now = time.monotonic()

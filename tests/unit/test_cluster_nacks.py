@@ -13,6 +13,7 @@ from pika import spec
 
 from relay.amqp.nacks import RESEND_PAUSES, resend_pause
 from relay.amqp.publisher import Publisher
+from relay.amqp.stall import Action, Silence
 from relay.core.circuit import is_resource_failure
 from relay.core.failures import classify
 from relay.core.outcome import Fate, Outcome
@@ -252,3 +253,12 @@ def test_a_node_that_answers_the_channel_is_kept(
     publisher._check_stalled(t0 + 7.0)  # silent 3 s again: asked again, not dropped
     assert conn.dropped is None
     assert len(conn.channels) == 3
+
+
+def test_a_blocked_connection_or_nothing_owed_is_never_taken_for_silent() -> None:
+    silence = Silence(3.0)
+    silence.check(0.0, 10, None, blocked=False)
+    assert silence.check(100.0, 10, None, blocked=False) is Action.NONE  # nothing owed
+    assert silence.check(100.0, 10, 0.0, blocked=True) is Action.NONE  # a resource alarm
+    assert silence.check(100.0, 10, 0.0, blocked=False) is Action.ASK
+    assert silence.check(103.0, 10, 0.0, blocked=False) is Action.DROP
