@@ -74,7 +74,8 @@ def test_strays_spare_the_leases_the_relay_holds() -> None:
     assert store.states()[3] == "in_flight"
     clock.now += 5.0
     assert relay.run_once().reclaimed == 1  # row 3 only
-    assert not store.rows[1].suspect and not store.rows[2].suspect
+    assert not store.rows[1].suspect
+    assert not store.rows[2].suspect
     publisher.confirm_held()
     for _ in range(5):
         clock.now += 1.0
