@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Unpack
 
 from django.db import connections  # type: ignore[import-untyped]
@@ -50,6 +50,7 @@ __all__ = [
     "assert_enqueued",
     "assert_not_enqueued",
     "enqueue",
+    "enqueue_many",
     "enqueued",
     "process_once",
 ]
@@ -117,6 +118,24 @@ def enqueue(
             max_attempts=max_attempts,
             content_type=content_type,
         )
+
+
+def enqueue_many(
+    messages: Iterable[Mapping[str, Any]], *, using: str = "default"
+) -> list[uuid.UUID]:
+    """`outbox.enqueue_many` on Django's connection, inside `transaction.atomic()`: many
+    messages in a few statements, every item checked before anything is written; their ids, in
+    the items' order.
+
+    Raises:
+        NotInTransaction: No atomic block is open on `using`.
+        InvalidMessage: An item is invalid (its index named). Nothing is written.
+        django.db.DatabaseError: An INSERT failed in the database (as for `enqueue`).
+    """
+    wrapper = connections[using]
+    conn = in_transaction(wrapper, call="outbox.django.enqueue_many")
+    with django_errors(wrapper, call="outbox.django.enqueue_many"):
+        return outbox.enqueue_many(conn, messages)
 
 
 def process_once(*, consumer: str, message_id: str, using: str = "default") -> bool:

@@ -186,7 +186,7 @@ def test_a_view_enqueues_in_its_atomic_block_and_the_relay_publishes_it(
 
 def test_manage_py_test_runs_on_the_schema_the_migrations_make(site: Site) -> None:
     result = site.manage("test", "shop", "--no-input")
-    assert "Ran 8 tests" in result.stderr
+    assert "Ran 9 tests" in result.stderr
     assert result.stderr.rstrip().splitlines()[-2:] == [
         "OK",
         "Destroying test database for alias 'default'...",
@@ -254,5 +254,5 @@ def test_manage_py_test_with_migrations_off_finds_the_outbox_tables(tmp_path: Pa
     database = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "shop.db")}
     unmigrated = Site({**database, "TEST": {"MIGRATE": False}}, "")
     result = unmigrated.manage("test", "shop", "--no-input")
-    assert "Ran 8 tests" in result.stderr
+    assert "Ran 9 tests" in result.stderr
     assert "\nOK\n" in result.stderr

@@ -56,3 +56,18 @@ class ABrokenBlock(TestCase):
         assert "transaction.atomic()" in message
         assert type(caught.value.__cause__).__module__ == "sqlalchemy.exc"
         outbox.django.assert_not_enqueued()
+
+
+class ManyAtOnce(TestCase):
+    def test_enqueue_many_writes_all_in_order_or_none(self) -> None:
+        orders = [{"exchange": "orders", "routing_key": "order.imported", "payload": {"n": n},
+                   "key": "import"} for n in range(3)]  # fmt: skip
+        with transaction.atomic():
+            ids = outbox.django.enqueue_many(orders)
+        found = outbox.django.enqueued(routing_key="order.imported")
+        assert [m.id for m in found] == ids
+        assert [m.payload for m in found] == [{"n": 0}, {"n": 1}, {"n": 2}]
+        bad = [orders[0], {"exchange": "orders"}]
+        with pytest.raises(outbox.InvalidMessage, match=r"messages\[1\]"), transaction.atomic():
+            outbox.django.enqueue_many(bad)
+        outbox.django.assert_enqueued(routing_key="order.imported", count=3)
