@@ -5,6 +5,7 @@ engine names the server a new connection reached when it changes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
@@ -106,10 +107,10 @@ class DownStore(FakeStore):
             raise DatabaseUnavailable("database x is not reachable: connection refused")
         return super().counts()
 
-    def relays(self, within_seconds: float) -> list[tuple[str, object, object]]:  # type: ignore[override]
+    def relays(self, within_seconds: float) -> list[tuple[str, dt.datetime, dt.datetime]]:
         if self.down:
             raise DatabaseUnavailable("database x is not reachable: connection refused")
-        return super().relays(within_seconds)  # type: ignore[return-value]
+        return super().relays(within_seconds)
 
 
 @pytest.fixture
