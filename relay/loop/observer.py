@@ -152,7 +152,7 @@ class Observer:
         when something reads the metrics (each collection costs queries). `tables`: the dead
         rows of the relay's tables, where the database counts them (PostgreSQL)."""
         meter = self._meter
-        outage = Outage("metrics")  # one line when the database goes, one when it is back
+        outage = Outage()  # one line when the database goes, one when it is back
         # Both message gauges read one StateCounts: one collection, one pair of queries.
         cached: list[tuple[float, StateCounts]] = []
 

@@ -1,6 +1,7 @@
-"""Saying a database outage once: the first failure of a part that polls the database logs one
-warning, the first success after it one line of recovery, and nothing in between however often
-the part is called (a /metrics scrape every few seconds, several gauges per scrape).
+"""Saying a database outage once: the first failure of the gauges that read the database logs one
+warning (`metrics.database_unavailable`), the first success after it one line of recovery
+(`metrics.database_available`), and nothing in between however often they are read (a /metrics
+scrape every few seconds, several gauges per scrape).
 
 Thread-safe: gauges are read on the HTTP server's threads.
 """
@@ -14,8 +15,7 @@ log = logging.getLogger("relay")
 
 
 class Outage:
-    def __init__(self, part: str) -> None:
-        self._part = part  # the event names' prefix: metrics.database_unavailable, ...
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._down = False
 
@@ -28,11 +28,11 @@ class Outage:
             if self._down:
                 return
             self._down = True
-        log.warning(f"{self._part}.database_unavailable", extra={"error": error})
+        log.warning("metrics.database_unavailable", extra={"error": error})
 
     def answered(self) -> None:
         with self._lock:
             if not self._down:
                 return
             self._down = False
-        log.info(f"{self._part}.database_available")
+        log.info("metrics.database_available")

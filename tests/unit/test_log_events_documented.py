@@ -12,11 +12,13 @@ from relay.loop.circuits import EVENTS as CIRCUIT_EVENTS
 ROOT = Path(__file__).resolve().parents[2]
 # Where the events are listed: each page's "## Logs" section.
 PAGES = ("docs/operations/observability.md", "docs/guides/consuming.md")
-PREFIXES = "relay|broker|circuit|listen|database|schema|http|console|consumer|config|command"
+PREFIXES = (
+    "relay|broker|circuit|listen|database|schema|http|console|consumer|config|command|metrics"
+)
 # `log.warning("relay.retry", ...)`, `log.info("consumer.duplicate message_id=%s", ...)`: the
 # event is the call's first word.
 _CALL = re.compile(
-    r"\blog\.(debug|info|warning|error|exception|critical)\(\s*(f?)\"([a-z_]+\.[a-z_{}]+)(?=[\s\":%])"
+    r"\blog\.(debug|info|warning|error|exception|critical)\(\s*(f?)\"([a-z_{}.]+)(?=[\s\":%])"
 )
 _NAMED = re.compile(rf"`((?:{PREFIXES})\.[a-z_]+)`")
 
@@ -28,7 +30,8 @@ def logged() -> dict[str, set[str]]:
         for path in sorted((ROOT / package).rglob("*.py")):
             for level, f, event in _CALL.findall(path.read_text()):
                 assert not (f and "{" in event), f"{path}: an event name built at run time: {event}"
-                found.setdefault(event, set()).add(level)
+                if "." in event:
+                    found.setdefault(event, set()).add(level)
     return found
 
 
