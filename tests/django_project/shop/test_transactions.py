@@ -67,7 +67,7 @@ class ManyAtOnce(TestCase):
         found = outbox.django.enqueued(routing_key="order.imported")
         assert [m.id for m in found] == ids
         assert [m.payload for m in found] == [{"n": 0}, {"n": 1}, {"n": 2}]
-        bad = [orders[0], {"exchange": "orders"}]
+        bad: list[dict[str, object]] = [orders[0], {"exchange": "orders"}]
         with pytest.raises(outbox.InvalidMessage, match=r"messages\[1\]"), transaction.atomic():
             outbox.django.enqueue_many(bad)
         outbox.django.assert_enqueued(routing_key="order.imported", count=3)
