@@ -60,8 +60,11 @@ class ABrokenBlock(TestCase):
 
 class ManyAtOnce(TestCase):
     def test_enqueue_many_writes_all_in_order_or_none(self) -> None:
-        orders = [{"exchange": "orders", "routing_key": "order.imported", "payload": {"n": n},
-                   "key": "import"} for n in range(3)]  # fmt: skip
+        orders: list[dict[str, object]] = [
+            {"exchange": "orders", "routing_key": "order.imported", "payload": {"n": n},
+             "key": "import"}
+            for n in range(3)
+        ]  # fmt: skip
         with transaction.atomic():
             ids = outbox.django.enqueue_many(orders)
         found = outbox.django.enqueued(routing_key="order.imported")
