@@ -9,7 +9,8 @@ traffic), `--only relay` only "relay SIGKILL x10", `--only partitions` the parti
 (4 partitions, 6 consumer processes with the inbox, 20,000 messages on 200 keys; PostgreSQL),
 `--only "postgresql failover"` the primary SIGKILLed mid-drain and its streaming standby promoted,
 with synchronous and asynchronous replication, the writers writing or idle at the crash (a pair of
-clusters of their own: tests/chaos/failover.py).
+clusters of their own: tests/chaos/failover.py), `--only cluster` the three-node RabbitMQ cluster's
+node kills, pause and rolling restart, and a classic queue beside them (tests/chaos/cluster.py).
 
 Every fault runs on each database in turn (PostgreSQL, then MariaDB), the relay and the writers
 on a schema or database of their own.
