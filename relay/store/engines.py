@@ -121,8 +121,9 @@ def server_of(dbapi_conn: Any) -> str | None:
 
 
 def _say_server(where: str, dbapi_conn: Any) -> None:
-    """One line when the relay first reaches its database, and one each time a new connection
-    reaches another server than the last (a multi-host URL after a failover)."""
+    """One line when the relay first reaches its database (DEBUG: a start that fails next says
+    so in one line of its own), and a warning each time a new connection reaches another server
+    than the last (a multi-host URL after a failover)."""
     server = server_of(dbapi_conn)
     if server is None:
         return
@@ -131,7 +132,7 @@ def _say_server(where: str, dbapi_conn: Any) -> None:
         return
     _servers[where] = server
     if previous is None:
-        log.info("database.connected", extra={"db": where, "host": server})
+        log.debug("database.connected", extra={"db": where, "host": server})
     else:
         log.warning("database.connected", extra={"db": where, "host": server, "previous": previous})
 
