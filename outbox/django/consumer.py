@@ -73,14 +73,11 @@ class DjangoTransactions:
                 new = process_once(consumer=consumer, message_id=message.id, using=self.using)
                 if new:
                     self.handler(message)
-        except BaseException:
-            # The failure may have gone through SQLAlchemy, which Django does not see: have it
-            # check the connection before the next delivery, as after an error of its own.
-            wrapper.errors_occurred = True
-            raise
         finally:
+            # A database error marked the connection for a check (Django's cursor, or
+            # outbox/django/errors.py for the inbox row); a handler's Retry or Reject does not.
             wrapper.close_if_unusable_or_obsolete()
-        return bool(new)
+        return new
 
     def purge(self, consumer: str, *, cutoff: dt.datetime, batch_size: int) -> Iterator[int]:
         # On the purge thread, with a Django connection of its own, closed after each purge.
