@@ -12,6 +12,7 @@ by a statement of its own at its place in the list. `enqueue_many_async`
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -21,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from outbox.databases import Inserts, database_of
-from outbox.enqueue import app_clock, core_params, insert_idempotent, notify_now
+from outbox.enqueue import app_clock, core_params, enqueue, insert_idempotent, notify_now
 from outbox.errors import InvalidMessage, SchemaMissing
 from outbox.prepared import Prepared, prepare
 from outbox.schema import is_missing_table
@@ -29,17 +30,11 @@ from outbox.sessions import Db, sync_connection
 
 _CALL = "outbox.enqueue_many"
 ASYNC_CALL = "outbox.enqueue_many_async"
-# enqueue's keyword arguments, the ones an item must have, and the others' defaults.
-REQUIRED = ("exchange", "routing_key", "payload")
-DEFAULTS: Mapping[str, Any] = {
-    "key": None,
-    "headers": None,
-    "idempotency_key": None,
-    "delay": None,
-    "priority": 0,
-    "max_attempts": None,
-    "content_type": None,
-}
+# enqueue's keyword arguments, the ones an item must have, and the others' defaults: read from
+# its signature, so that an item means what the same call of enqueue would.
+_KEYWORDS = [p for p in inspect.signature(enqueue).parameters.values() if p.name != "db"]
+REQUIRED = tuple(p.name for p in _KEYWORDS if p.default is p.empty)
+DEFAULTS: Mapping[str, Any] = {p.name: p.default for p in _KEYWORDS if p.default is not p.empty}
 ARGUMENTS = frozenset(REQUIRED) | frozenset(DEFAULTS)
 # Rows per executemany where SQLAlchemy's Core writes them (SQLite, and drivers without a path of
 # their own in outbox/databases.py).
