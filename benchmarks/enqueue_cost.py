@@ -39,10 +39,15 @@ PAYLOAD = {"order_id": 42, "status": "created"}
 
 
 def _business_table(engine: Engine) -> None:
+    """A fresh bench_order table, the business row's, on PostgreSQL, MySQL or MariaDB."""
+    key = (
+        "BIGINT AUTO_INCREMENT PRIMARY KEY"
+        if engine.dialect.name in ("mysql", "mariadb")
+        else "BIGSERIAL PRIMARY KEY"
+    )
     with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "CREATE TABLE IF NOT EXISTS bench_order (id bigserial PRIMARY KEY, total int)"
-        )
+        conn.exec_driver_sql("DROP TABLE IF EXISTS bench_order")
+        conn.exec_driver_sql(f"CREATE TABLE bench_order (id {key}, total INTEGER)")
 
 
 def _defaults() -> None:

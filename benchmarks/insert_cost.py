@@ -25,15 +25,15 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 import outbox
+from benchmarks.enqueue_cost import BUSINESS, PAYLOAD, _business_table, _enqueue
+from benchmarks.targets import MANY_MESSAGES
 from outbox import pg_insert
 from outbox.config import settings
 from outbox.ids import new_id
-from outbox.prepared import prepare
+from outbox.many import DEFAULTS
+from outbox.prepared import Prepared, prepare
 
-PAYLOAD = {"order_id": 42, "status": "created"}
-BUSINESS = "INSERT INTO bench_order (total) VALUES (1)"
 PLAIN_TABLE = "bench_plain_message"
-MANY = 10_000  # messages in the one transaction of the enqueue_many comparison
 ALONE = "business row alone"
 PLAIN = "+ plain INSERT, unindexed table"
 RAW = "+ the same INSERT into outbox_message"
@@ -87,21 +87,18 @@ class ManyCost:
         )
 
 
-def _business_table(engine: Engine) -> None:
-    key = (
-        "BIGINT AUTO_INCREMENT PRIMARY KEY"
-        if engine.dialect.name in ("mysql", "mariadb")
-        else "BIGSERIAL PRIMARY KEY"
-    )
+def _plain_table(engine: Engine) -> None:
+    """PostgreSQL: outbox_message's columns and defaults; no index, no constraint, no identity."""
+    if engine.dialect.name != "postgresql":
+        return
     with engine.begin() as conn:
-        conn.exec_driver_sql("DROP TABLE IF EXISTS bench_order")
-        conn.exec_driver_sql(f"CREATE TABLE bench_order (id {key}, total INTEGER)")
-        if engine.dialect.name == "postgresql":
-            # outbox_message's columns and defaults; no index, no constraint, no identity.
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {PLAIN_TABLE}")
-            conn.exec_driver_sql(
-                f"CREATE TABLE {PLAIN_TABLE} (LIKE outbox_message INCLUDING DEFAULTS)"
-            )
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {PLAIN_TABLE}")
+        conn.exec_driver_sql(f"CREATE TABLE {PLAIN_TABLE} (LIKE outbox_message INCLUDING DEFAULTS)")
+
+
+def _prepared(exchange: str) -> Prepared:
+    """enqueue's checks and encoding of the benchmark's message, with no SQL."""
+    return prepare(**{**DEFAULTS, "exchange": exchange, "routing_key": "r", "payload": PAYLOAD})
 
 
 def _rate(engine: Engine, seconds: float, extra: Callable[[Connection], object] | None) -> float:
@@ -123,20 +120,7 @@ def _plain_insert(engine: Engine, table: str) -> Callable[[Connection], object]:
     time): what the same row costs the database with nothing of the library."""
     rendered = pg_insert._rendered(engine.dialect, notify=False)
     sql = rendered.sql.replace("INSERT INTO outbox_message ", f"INSERT INTO {table} ", 1)
-    values = pg_insert._values(
-        prepare(
-            exchange="x",
-            routing_key="r",
-            payload=PAYLOAD,
-            key=None,
-            headers=None,
-            idempotency_key=None,
-            delay=None,
-            priority=0,
-            max_attempts=None,
-            content_type=None,
-        )
-    )
+    values = pg_insert._values(_prepared("x"))
     order = rendered.order
 
     def insert(conn: Connection) -> None:
@@ -154,11 +138,10 @@ def measure_insert_cost(
 ) -> InsertCost:
     """Interleaved rounds of the kinds of transaction on `engine` (the outbox schema made)."""
     _business_table(engine)
+    _plain_table(engine)
     postgresql = engine.dialect.name == "postgresql"
     notify = settings().notify
-
-    def enqueue(conn: Connection) -> object:
-        return outbox.enqueue(conn, exchange=exchange, routing_key="r", payload=PAYLOAD)
+    enqueue = _enqueue(exchange)
 
     variants: dict[str, Callable[[Connection], object] | None] = {ALONE: None}
     if postgresql:
@@ -215,25 +198,13 @@ def measure_statement_cost(
     checks (`prepare`: what they cost between round trips, caches cold), outbox.enqueue with
     NOTIFY off (beyond that: the library's own work) and enqueue's checks alone, with no SQL
     (what they cost in a tight loop)."""
-    _business_table(engine)
+    _plain_table(engine)
     notify = settings().notify
 
     def checks(conn: Connection) -> object:
-        return prepare(
-            exchange=exchange,
-            routing_key="r",
-            payload=PAYLOAD,
-            key=None,
-            headers=None,
-            idempotency_key=None,
-            delay=None,
-            priority=0,
-            max_attempts=None,
-            content_type=None,
-        )
+        return _prepared(exchange)
 
-    def enqueue(conn: Connection) -> object:
-        return outbox.enqueue(conn, exchange=exchange, routing_key="r", payload=PAYLOAD)
+    enqueue = _enqueue(exchange)
 
     raw = _plain_insert(engine, "outbox_message")
 
@@ -265,7 +236,6 @@ def measure_statement_cost(
     finally:
         outbox.configure(notify=notify)
         with engine.begin() as conn:
-            conn.exec_driver_sql("DROP TABLE IF EXISTS bench_order")
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {PLAIN_TABLE}")
     return StatementCost({name: min(us) for name, us in found.items()}, statements, rounds)
 
@@ -275,7 +245,7 @@ def _ratio(values: list[float], bases: list[float]) -> float:
 
 
 def measure_many(
-    engine: Engine, exchange: str, *, messages: int = MANY, rounds: int = 5
+    engine: Engine, exchange: str, *, messages: int = MANY_MESSAGES, rounds: int = 5
 ) -> ManyCost:
     """`messages` messages in one transaction: one enqueue_many, and as many enqueue calls, in
     interleaved rounds (each timed from the first call to the commit)."""
