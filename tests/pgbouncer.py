@@ -31,15 +31,11 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
+from tests.support.ports import free_port
+
 PGBOUNCER = os.environ.get("OUTBOX_TEST_PGBOUNCER", "/usr/sbin/pgbouncer")
 RUN_AS = "postgres"  # PgBouncer will not run as root
 POOL_SIZE = 3  # server connections per database: small, so clients really share them
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PgBouncerError(RuntimeError):

@@ -33,7 +33,6 @@ from tests.chaos.checker import DeliveryChecker
 from tests.chaos.run import PG_URL, ROOT, Relay, Row, Writers
 from tests.faults import rabbit_cluster as rc
 
-PREFIX = "cluster"
 MESSAGES = 15_000  # 30 s of traffic at RATE: every fault falls inside it
 RATE = 500.0  # messages/s: the cluster's three nodes share the machine's two cores
 # A 20 s confirm timeout (the default): a quorum queue answers nothing while its leader's node is

@@ -25,7 +25,6 @@ import contextlib
 import datetime as dt
 import os
 import re
-import socket
 import threading
 import time
 import urllib.error
@@ -46,6 +45,7 @@ from tests.chaos.checker import DeliveryChecker
 from tests.chaos.mid_drain import write_backlog
 from tests.chaos.run import AMQP_URL, Consumer, Relay, Row
 from tests.faults.pg_standby import Pair
+from tests.support.ports import free_port
 
 # No comma in them: --only splits its prefixes at commas.
 NAMES = {
@@ -142,12 +142,6 @@ def _ids(engine: Engine, where: str = "") -> set[str]:
         return {str(r[0]) for r in rows}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as answer:
@@ -219,7 +213,7 @@ def _run(
 ) -> tuple[Row, Failover]:  # fmt: skip
     checker = DeliveryChecker()
     with _environment(pair) as (db_url, engine, exchange, queue):
-        port = _free_port()
+        port = free_port()
         log = (
             workdir
             / f"chaos-failover-{'sync' if synchronous else 'async'}-{uuid.uuid4().hex[:6]}.log"
@@ -243,7 +237,7 @@ def _run(
             pair.kill_primary()
             crashed_at = time.monotonic()
             while time.monotonic() - crashed_at < down:  # the orchestrator's detection time
-                status, body = _get(f"http://127.0.0.1:{port}/metrics")
+                _get(f"http://127.0.0.1:{port}/metrics")
                 scrapes += 1
                 if not readyz:
                     status, body = _get(f"http://127.0.0.1:{port}/readyz")
@@ -263,7 +257,6 @@ def _run(
                 relay.ensure_running()
                 time.sleep(0.1)
             time.sleep(0.5)  # a late duplicate would show up now
-            present = _ids(engine)
         finally:
             relay.stop()
             consumer.stop()

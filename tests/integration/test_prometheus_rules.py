@@ -22,7 +22,6 @@ import outbox
 from tests.prometheus.processes import (
     ALERTS,
     ROOT,
-    free_port,
     get,
     start_prometheus,
     start_relay,
@@ -31,6 +30,7 @@ from tests.prometheus.processes import (
 from tests.prometheus.record import OUT as RECORDED
 from tests.prometheus.record import alert_rules
 from tests.support.broker import Broker
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -24,12 +23,6 @@ from tests.support.db import PG_ADMIN_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, timeout: float = 2.0) -> str | None:

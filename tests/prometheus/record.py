@@ -39,9 +39,10 @@ from sqlalchemy import Engine, create_engine
 import outbox
 from relay.core.urls import node_name
 from tests.prometheus import series
-from tests.prometheus.processes import ALERTS, ROOT, free_port, get, outbox_schema, start_relay
+from tests.prometheus.processes import ALERTS, ROOT, get, outbox_schema, start_relay
 from tests.prometheus.processes import stop as stop_process
 from tests.support.broker import AMQP_URL
+from tests.support.ports import free_port
 
 OUT = ROOT / "tests" / "prometheus" / "alerts_test.yaml"
 SPACING = 1.0  # real seconds between two scrapes
