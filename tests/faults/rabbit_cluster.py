@@ -247,9 +247,9 @@ def revive(n: Node) -> None:
     await_started(n)
 
 
-def leader(queue: str, asking: Node | None = None) -> Node | None:
+def leader(queue: str) -> Node | None:
     """The node that leads quorum queue `queue` (asked of a running node), or None."""
-    for n in [asking] if asking is not None else ALL:
+    for n in ALL:
         if n.pid() is None:
             continue
         try:
