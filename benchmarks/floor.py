@@ -81,6 +81,7 @@ class _Floor:
         # the relay opens its connection: no server-side prepared statements (PgBouncer).
         dsn = make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
         self.db = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
+        self.db.execute("SET timezone = 'UTC'")  # as the relay's session: times in datetime.UTC
         self.params = pika.URLParameters(amqp_url)
         self.params.connection_attempts = 1
         self.expected = expected

@@ -31,7 +31,7 @@ class Claimed(NamedTuple):
     ten times as much."""
 
     seq: int
-    id: uuid.UUID
+    id: str  # the message id as text: what goes on the wire as message_id
     exchange: str
     routing_key: str
     payload: bytes

@@ -28,7 +28,6 @@ _FRAME_OVERHEAD = _FRAME.size + len(_END)
 BASIC = 60
 _PUBLISH = struct.pack(">HHH", BASIC, 40, 0)  # class, method basic.publish, reserved ticket
 _MANDATORY = b"\x01"  # the bits: mandatory set, immediate clear
-_HEADER_START = struct.Struct(">HHQ")  # class, weight (0), body size
 
 # The Basic class's property flags, in the order the properties follow them.
 CONTENT_TYPE = 1 << 15
@@ -55,39 +54,41 @@ def content_fields(content_type: str, content_encoding: str) -> bytes:
     return shortstr(content_type) + shortstr(content_encoding)
 
 
-_BARE = struct.pack(">H", CONTENT_TYPE | CONTENT_ENCODING | DELIVERY_MODE | MESSAGE_ID | TIMESTAMP)
-_WITH_HEADERS = struct.pack(
-    ">H", CONTENT_TYPE | CONTENT_ENCODING | HEADERS | DELIVERY_MODE | MESSAGE_ID | TIMESTAMP
-)
+# The Basic class's content header up to its properties: class, weight (0), body size, flags.
+_HEADER_START = struct.Struct(">HHQH")
+_BARE = CONTENT_TYPE | CONTENT_ENCODING | DELIVERY_MODE | MESSAGE_ID | TIMESTAMP
+_WITH_HEADERS = _BARE | HEADERS
+_PERSISTENT = b"\x02"  # delivery mode 2: the broker writes the message to disk
 _TIMESTAMP = struct.Struct(">Q")
 
 
-def properties(
-    *,
-    content: bytes,
-    headers: dict[str, Any] | None,
-    delivery_mode: int,
-    message_id: str,
+def header(
+    body_size: int, *, content: bytes, headers: dict[str, Any] | None, message_id: str,
     timestamp: int,
-) -> bytes:
-    """The property flags and list of a content header: `content` from `content_fields`, then
-    the headers (floats as doubles), delivery mode, message id and timestamp."""
-    pieces = [_WITH_HEADERS if headers else _BARE, content]
-    if headers:
-        encode_table(pieces, headers)
-    pieces += [bytes((delivery_mode,)), shortstr(message_id), _TIMESTAMP.pack(timestamp)]
+) -> bytes:  # fmt: skip
+    """The payload of a persistent message's content header frame, for a body of `body_size`
+    bytes: `content` from `content_fields`, then the headers (floats as doubles), the delivery
+    mode, the message id and the timestamp. One join: this runs once a message."""
+    mid = message_id.encode("utf-8")
+    if not headers:
+        start = _HEADER_START.pack(BASIC, 0, body_size, _BARE)
+        return b"".join((start, content, _PERSISTENT, bytes((len(mid),)), mid,
+                         _TIMESTAMP.pack(timestamp)))  # fmt: skip
+    pieces = [_HEADER_START.pack(BASIC, 0, body_size, _WITH_HEADERS), content]
+    encode_table(pieces, headers)
+    pieces += [_PERSISTENT, bytes((len(mid),)), mid, _TIMESTAMP.pack(timestamp)]
     return b"".join(pieces)
 
 
-def header(body_size: int, props: bytes) -> bytes:
-    """The payload of a content header frame for a body of `body_size` bytes."""
-    return _HEADER_START.pack(BASIC, 0, body_size) + props
+def header_of(body_size: int, props: bytes) -> bytes:
+    """A content header payload around properties pika encoded (flags first, as they come)."""
+    return _HEADER_START.pack(BASIC, 0, body_size, 0)[:-2] + props
 
 
-def header_frame_size(props: bytes) -> int:
-    """Bytes of the content header frame with these properties, framing included (it must fit
-    in the connection's frame_max)."""
-    return _FRAME_OVERHEAD + _HEADER_START.size + len(props)
+def header_frame_size(head: bytes) -> int:
+    """Bytes of the content header frame with this payload (`header`), framing included (it
+    must fit in the connection's frame_max)."""
+    return _FRAME_OVERHEAD + len(head)
 
 
 def frame(channel: int, method: bytes, head: bytes, body: bytes, frame_max: int) -> bytes:
@@ -108,5 +109,5 @@ def decode_properties(head: bytes) -> pika.BasicProperties:
     tests and tools; floats decode as floats (it installs outbox's decoding, process-wide)."""
     install_float_decoding()
     props = pika.BasicProperties()
-    props.decode(head, _HEADER_START.size)
+    props.decode(head, _HEADER_START.size - 2)  # the flags are the properties' own
     return props

@@ -78,29 +78,22 @@ def to_outgoing(
         headers["traceparent"] = parent
         if state:
             headers["tracestate"] = state
-    message_id = str(row.id)
+    message_id = row.id
     if signer is not None:
         # Over the exact body bytes below; a stored header of the same name is replaced.
         headers.update(signer.headers(message_id, body))
     created = int(row.created_at.timestamp())
     if created not in _TIMESTAMP:
         raise MalformedRow(f"created_at {row.created_at} is before 1970")
-    props = frames.properties(  # float headers as AMQP doubles (outbox/amqp_codec.py)
-        content=content,
-        headers=headers,
-        delivery_mode=PERSISTENT,
-        message_id=message_id,
-        timestamp=created,
+    head = frames.header(  # float headers as AMQP doubles (outbox/amqp_codec.py)
+        len(body), content=content, headers=headers, message_id=message_id, timestamp=created
     )
-    size = frames.header_frame_size(props)
-    if size > frame_max:
+    if frames.header_frame_size(head) > frame_max:
         raise MalformedRow(
-            f"headers: the properties encode to a {size}-byte frame, over the broker's "
-            f"frame_max of {frame_max} bytes"
+            f"headers: the properties encode to a {frames.header_frame_size(head)}-byte frame, "
+            f"over the broker's frame_max of {frame_max} bytes"
         )
-    return Outgoing(
-        row.seq, message_id, exchange, routing_key, body, method, frames.header(len(body), props)
-    )
+    return Outgoing(row.seq, message_id, exchange, routing_key, body, method, head)
 
 
 # A relay sends to a handful of destinations with a handful of content types: each is checked
@@ -123,7 +116,7 @@ def _content(content_type: str) -> bytes:
 def with_properties(ref: int, exchange: str, routing_key: str, body: bytes, props: Any) -> Outgoing:
     """A message whose properties pika encodes (`pika.BasicProperties`, with a message_id): for
     tests and benchmarks that publish what the relay did not build."""
-    header = frames.header(len(body), b"".join(props.encode()))
+    header = frames.header_of(len(body), b"".join(props.encode()))
     method = frames.publish_method(exchange, routing_key)
     return Outgoing(ref, props.message_id, exchange, routing_key, body, method, header)
 

@@ -253,7 +253,7 @@ class Observer:
                 "messaging.operation.name": "publish",
                 "messaging.destination.name": destination,
                 "messaging.rabbitmq.destination.routing_key": row.routing_key,
-                "messaging.message.id": str(row.id),
+                "messaging.message.id": row.id,
                 "outbox.attempt": row.attempts,
                 **({"outbox.key": row.key} if row.key is not None else {}),
             },

@@ -310,7 +310,7 @@ class Relay:
                 accounted.update(chunk.seqs)
             orphans = [seq for seq in lease.rows if seq not in accounted]
             if orphans:
-                ids = ",".join(str(lease.rows[seq].id) for seq in orphans[:10])  # to look up
+                ids = ",".join(lease.rows[seq].id for seq in orphans[:10])  # to look up
                 log.error("relay.orphaned_rows", extra={"messages": len(orphans), "ids": ids})
                 released += self._release(lease, orphans, ORPHANED)
         return released

@@ -28,6 +28,7 @@ from relay.ports import Claimed, FdWait, ResourceRow, RetentionFailed, StateCoun
 from relay.store import counting, rescuer, retention
 from relay.store.boundary import first_line, translated
 from relay.store.databases import dialect_for
+from relay.store.dialect import utc
 from relay.store.engines import (
     POOL_TIMEOUT,
     SIDE_POOL_TIMEOUT,
@@ -56,37 +57,6 @@ def database_clock() -> dt.datetime | None:
 def _app_now() -> dt.datetime:
     """The application's clock, for databases where enqueue writes it (Dialect.app_clock)."""
     return dt.datetime.now(dt.UTC)
-
-
-def _utc(value: dt.datetime) -> dt.datetime:
-    # SQLite hands back naive datetimes; everything this project writes is UTC.
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
-
-
-def _claimed(rows: Sequence[Sequence[Any]]) -> list[Claimed]:
-    """Claimed rows, by position (CLAIMED_COLUMNS' order): the hot path, hundreds a claim. The
-    payload is as stored: the wire checks its type, per row."""
-    return [
-        Claimed(
-            r[0],
-            r[1],
-            r[2],
-            r[3],
-            r[4],
-            r[5],
-            r[6],
-            r[7],
-            r[8],
-            r[9],
-            r[10],
-            _utc(r[11]),
-            _utc(r[12]),
-            r[13],
-            r[14],
-            bool(r[15]),
-        )
-        for r in rows
-    ]
 
 
 class SqlStore:
@@ -161,7 +131,7 @@ class SqlStore:
         }
         with self._conn() as conn:
             rows = self.dialect.claim(conn, params)
-        claimed = _claimed(rows)
+        claimed = self.dialect.claimed(rows)
         # RETURNING order is unspecified; publish in claim order so priority and enqueue order
         # hold within a batch too.
         claimed.sort(key=lambda c: (-c.priority, c.available_at, c.seq))
@@ -192,7 +162,7 @@ class SqlStore:
         }
         with self._conn() as conn:
             rows = self.dialect.claim_run(conn, params)
-        return sorted(_claimed(rows), key=lambda c: c.seq)
+        return sorted(self.dialect.claimed(rows), key=lambda c: c.seq)
 
     def has_ready(self, part: str) -> bool:
         with self._conn() as conn:
@@ -326,7 +296,7 @@ class SqlStore:
                 found = conn.execute(
                     self._sql.lock_resource, {"resource": resource, "now": self._clock()}
                 ).one()
-                row, result = change(_resource_row(found), _utc(found.now))
+                row, result = change(_resource_row(found), utc(found.now))
                 conn.execute(self._sql.update_resource, _resource_params(row))
         return result
 
@@ -338,7 +308,7 @@ class SqlStore:
 
     def register_relay(self, relay_id: str) -> dt.datetime:
         with self._conn() as conn:
-            return _utc(
+            return utc(
                 self.dialect.register_relay(conn, {"relay_id": relay_id, "now": self._clock()})
             )
 
@@ -356,7 +326,7 @@ class SqlStore:
         params = {"within": within_seconds, "now": self._clock()}
         with self._conn() as conn:
             found = conn.execute(self._sql.relays, params)
-            return [(r.relay_id, _utc(r.started_at), _utc(r.last_seen)) for r in found]
+            return [(r.relay_id, utc(r.started_at), utc(r.last_seen)) for r in found]
 
     def purge_expired(self, policy: RetentionPolicy, now: dt.datetime) -> int:
         try:
@@ -413,7 +383,7 @@ class SqlStore:
 
 
 def _maybe_utc(value: dt.datetime | None) -> dt.datetime | None:
-    return None if value is None else _utc(value)
+    return None if value is None else utc(value)
 
 
 def _resource_row(r: Any) -> ResourceRow:

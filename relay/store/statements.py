@@ -11,7 +11,9 @@ the text of every one.
 scope are written into some of them; see Dialect.__init__), never per call: the claim and mark
 statements run thousands of times a second, and parsing the text and typing its binds each time
 would show. A field annotated `str` holds the text itself, for what runs on a driver connection
-(exec_driver_sql).
+(exec_driver_sql). A field annotated `Driven` is run on the driver's own cursor, past
+SQLAlchemy's result rows (relay/store/driven.py): the hot path's few statements, where building
+hundreds of rows a claim twice would show too.
 
 Every statement of every dialect binds the same values under the same names:
 
@@ -144,6 +146,20 @@ EXCHANGE_COLUMNS: Mapping[str, TypeEngine[Any]] = {
 Compiled = TextClause | TextualSelect
 
 
+@dataclass(frozen=True, slots=True)
+class Driven:
+    """A statement the driver runs itself: its text as written (`:name` binds), and the same
+    in the driver's paramstyle (`%(name)s`, a literal `%` doubled). Binds go to the driver as
+    they are, results come back as the driver's tuples."""
+
+    sql: str
+    pyformat: str
+
+    @classmethod
+    def of(cls, sql: str) -> Driven:
+        return cls(sql, _BIND.sub(r"%(\1)s", sql.replace("%", "%%")))
+
+
 def compile_sql(
     sql: str, columns: Mapping[str, TypeEngine[Any]] | None = None, *, lists: Collection[str] = ()
 ) -> Compiled:
@@ -158,10 +174,12 @@ def compile_sql(
     return clause.columns(**columns) if columns else clause
 
 
-def sql_of(statement: Compiled | str) -> str:
+def sql_of(statement: Compiled | Driven | str) -> str:
     """A statement's text, as the database receives it (expanding lists aside)."""
     if isinstance(statement, str):
         return statement
+    if isinstance(statement, Driven):
+        return statement.sql
     clause = statement.element if isinstance(statement, TextualSelect) else statement
     assert isinstance(clause, TextClause)
     return clause.text
@@ -225,7 +243,7 @@ class Statements:
     transition_rows: Annotated[Compiled, Query("update_rows")]  # (rows, now); rowcount
     record_attempts: Annotated[Compiled, Query("record_attempts")]  # (records, relay_id, now)
 
-    def items(self) -> Iterator[tuple[str, Compiled | str]]:
+    def items(self) -> Iterator[tuple[str, Compiled | Driven | str]]:
         """Every statement, by name, in the order its class declares them."""
         for f in fields(self):
             yield f.name, getattr(self, f.name)
@@ -234,17 +252,18 @@ class Statements:
 S = TypeVar("S")
 
 
-def queries_of(cls: type[Any]) -> dict[str, tuple[Query, bool]]:
+def queries_of(cls: type[Any]) -> dict[str, tuple[Query, type]]:
     """Each field's Query (a dataclass's fields annotated `Annotated[Compiled, Query(...)]`), and
-    whether the field holds text (`str`) rather than a statement."""
+    what the field holds: a statement (Compiled), its text (`str`) or a Driven one."""
     hints = typing.get_type_hints(cls, include_extras=True)
-    found: dict[str, tuple[Query, bool]] = {}
+    found: dict[str, tuple[Query, type]] = {}
     for f in fields(cls):
         hint = hints[f.name]
         query = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Query)), None)
         if query is None:
             raise QueryError(f"{cls.__name__}.{f.name} names no Query")
-        found[f.name] = (query, hint.__origin__ is str)
+        origin = hint.__origin__
+        found[f.name] = (query, origin if origin in (str, Driven) else TextClause)
     return found
 
 
@@ -253,13 +272,18 @@ def build(
 ) -> S:
     """Every statement of `cls` (Statements, or another dataclass of such fields) built from
     `queries` with this configuration, and compiled."""
-    built: dict[str, Compiled | str] = {}
+    built: dict[str, Compiled | Driven | str] = {}
     configured: set[str] = set()
-    for name, (query, raw) in queries_of(cls).items():
+    for name, (query, kind) in queries_of(cls).items():
         sql, taken = queries.expand(query.block, query.fill, config)
         configured |= taken
         wanted = lists if query.lists is None else query.lists
-        built[name] = sql if raw else compile_sql(sql, query.columns, lists=wanted)
+        if kind is str:
+            built[name] = sql
+        elif kind is Driven:
+            built[name] = Driven.of(sql)
+        else:
+            built[name] = compile_sql(sql, query.columns, lists=wanted)
     unused = sorted(set(config) - configured)
     if unused:
         raise QueryError(f"no statement takes the configuration's {unused}")

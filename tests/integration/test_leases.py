@@ -152,7 +152,7 @@ def test_a_running_relay_takes_over_an_expired_lease_and_delivers(
     # A relay claims the row and dies before publishing or settling it.
     claimed_at = time.monotonic()
     claimed = store.claim(owner="dead-relay", token=uuid.uuid4(), limit=10, lease_seconds=lease)
-    assert [c.id for c in claimed] == [orphan]
+    assert [c.id for c in claimed] == [str(orphan)]
 
     relay = relay_factory(db_url, reclaim_interval=0.1)
     (delivery,) = broker.collect_ids([orphan], timeout=10)
@@ -204,7 +204,7 @@ def test_a_message_whose_relays_keep_dying_is_dead_lettered_after_max_attempts(
         claimed = store.claim(
             owner=f"doomed-{n}", token=uuid.uuid4(), limit=10, lease_seconds=30, suspect_group=5
         )
-        assert [c.id for c in claimed] == [poison]
+        assert [c.id for c in claimed] == [str(poison)]
         claims.append((claimed[0].suspect, claimed[0].attempts))
         with app_engine.begin() as conn:  # the relay died holding it: its lease runs out
             conn.execute(

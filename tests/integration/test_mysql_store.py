@@ -202,7 +202,7 @@ def test_keys_compare_byte_for_byte(engine: Engine) -> None:
         claimed = store.claim(owner="t", token=uuid.uuid4(), limit=10, lease_seconds=30)
     finally:
         store.close()
-    assert {c.id for c in claimed} == {upper, lower}  # two keys: both heads
+    assert {c.id for c in claimed} == {str(upper), str(lower)}  # two keys: both heads
 
 
 def test_a_rate_limit_bucket_keeps_its_tokens(engine: Engine) -> None:

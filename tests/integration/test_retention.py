@@ -427,7 +427,7 @@ def test_an_open_purge_batch_blocks_no_insert_claim_or_other_purge(
             with impatient.begin() as conn:  # an application transaction
                 outbox.enqueue(conn, exchange="orders", routing_key="x", payload={})
             claimed = store.claim(owner="r", token=uuid.uuid4(), limit=10, lease_seconds=30)
-            assert pending in {c.id for c in claimed}
+            assert str(pending) in {c.id for c in claimed}
             # A second purge skips the locked rows and takes the next ones.
             assert (
                 retention.purge_batch(

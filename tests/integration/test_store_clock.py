@@ -122,9 +122,9 @@ def test_released_and_retried_rows_are_due_by_the_frozen_clock(
     released, retried = enqueue(app_engine), enqueue(app_engine)
     token = uuid.uuid4()
     rows = {c.id: c.seq for c in frozen.claim(owner="r", token=token, limit=10, lease_seconds=30)}
-    assert frozen.release(token, [rows[released]], delay_seconds=60, error="stopping") == 1
+    assert frozen.release(token, [rows[str(released)]], delay_seconds=60, error="stopping") == 1
     failure = Classified(FailureClass.NEVER_SENT, "no channel")
-    retry = Retry(rows[retried], at(90), burn=True, failure=failure)
+    retry = Retry(rows[str(retried)], at(90), burn=True, failure=failure)
     assert frozen.settle_failures(token, [retry], relay_id="r") == 1
     assert column(app_engine, "available_at", released) == at(60)
     assert column(app_engine, "available_at", retried) == at(90)
@@ -141,11 +141,11 @@ def test_released_and_retried_rows_are_due_by_the_frozen_clock(
     assert counts.oldest_ready_age_s == pytest.approx(15, abs=0.01)
     assert frozen.has_ready("ex")
     (again,) = frozen.claim(owner="r", token=uuid.uuid4(), limit=10, lease_seconds=30)
-    assert again.id == released
+    assert again.id == str(released)
 
     clock.now = at(90)
     (last,) = frozen.claim(owner="r", token=uuid.uuid4(), limit=10, lease_seconds=30)
-    assert last.id == retried
+    assert last.id == str(retried)
 
 
 def test_heartbeats_and_resource_changes_use_the_frozen_clock(

@@ -119,6 +119,6 @@ def test_after_the_upgrade_a_suspect_left_to_go_alone_is_claimed_alone(
         claimed = store.claim(
             owner="new", token=uuid.uuid4(), limit=10, lease_seconds=30, suspect_group=10
         )
-        assert [(c.id, c.suspect) for c in claimed] == [(ids["waiting to go alone"], True)]
+        assert [(c.id, c.suspect) for c in claimed] == [(str(ids["waiting to go alone"]), True)]
     finally:
         store.close()

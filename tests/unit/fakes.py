@@ -48,7 +48,7 @@ class Row:
 def make_claimed(seq: int, **overrides: object) -> Claimed:
     fields: dict[str, object] = {
         "seq": seq,
-        "id": uuid.UUID(int=seq),
+        "id": str(uuid.UUID(int=seq)),
         "exchange": "ex",
         "routing_key": "rk",
         "payload": b"{}",

@@ -43,24 +43,21 @@ def test_a_message_is_framed_as_pika_frames_it(headers: dict[str, Any] | None, b
         "timestamp": 1_764_400_000,
     }
     content = frames.content_fields(fields["content_type"], fields["content_encoding"])
-    props = frames.properties(
-        content=content, headers=headers, delivery_mode=2, message_id=fields["message_id"],
+    head = frames.header(
+        len(body), content=content, headers=headers, message_id=fields["message_id"],
         timestamp=fields["timestamp"],
     )  # fmt: skip
-    ours = frames.frame(
-        7, frames.publish_method("orders", "order.created"), frames.header(len(body), props),
-        body, FRAME_MAX,
-    )  # fmt: skip
+    ours = frames.frame(7, frames.publish_method("orders", "order.created"), head, body, FRAME_MAX)
     theirs = pika_frames(7, "orders", "order.created", body, Properties(headers=headers or None,
                                                                         **fields))  # fmt: skip
     assert ours == theirs
 
 
 def test_the_header_frame_size_is_what_goes_on_the_wire() -> None:
-    props = frames.properties(
-        content=frames.content_fields("text/plain", "utf-8"), headers={"a": "b"},
-        delivery_mode=2, message_id="m", timestamp=0,
+    head = frames.header(
+        0, content=frames.content_fields("text/plain", "utf-8"), headers={"a": "b"},
+        message_id="m", timestamp=0,
     )  # fmt: skip
-    whole = frames.frame(1, frames.publish_method("", "q"), frames.header(0, props), b"", FRAME_MAX)
+    whole = frames.frame(1, frames.publish_method("", "q"), head, b"", FRAME_MAX)
     method_frame = 7 + len(frames.publish_method("", "q")) + 1
-    assert frames.header_frame_size(props) == len(whole) - method_frame
+    assert frames.header_frame_size(head) == len(whole) - method_frame

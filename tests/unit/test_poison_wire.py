@@ -22,7 +22,7 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 def row(**changes: Any) -> Claimed:
     base = Claimed(
         seq=1,
-        id=uuid.UUID(int=1),
+        id=str(uuid.UUID(int=1)),
         exchange="orders",
         routing_key="order.created",
         payload=b"{}",

@@ -243,7 +243,7 @@ def test_no_repr_of_the_configuration_shows_a_secret() -> None:
 
 def claimed(body: bytes, **fields: Any) -> Claimed:
     row: dict[str, Any] = {
-        "seq": 1, "id": uuid.uuid4(), "exchange": "orders", "routing_key": "order.created",
+        "seq": 1, "id": str(uuid.uuid4()), "exchange": "orders", "routing_key": "order.created",
         "payload": body, "content_type": "application/json", "headers": {"tenant": "a"},
         "key": None, "traceparent": None, "tracestate": None, "attempts": 1, "priority": 0,
         "max_attempts": None, "created_at": dt.datetime.now(dt.UTC),

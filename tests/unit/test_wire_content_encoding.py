@@ -25,7 +25,7 @@ loads: Callable[[bytes, str | None, str | None], Any] = serialization.loads
 def row(**changes: Any) -> Claimed:
     base = Claimed(
         seq=1,
-        id=uuid.UUID(int=1),
+        id=str(uuid.UUID(int=1)),
         exchange="orders",
         routing_key="order.created",
         payload=b"{}",

@@ -189,7 +189,7 @@ SET state = 'in_flight',
                       WHEN m.seq = ANY(ARRAY(SELECT seq FROM chosen WHERE suspect)) THEN :grouped
                       ELSE m.last_error END
 WHERE m.seq = ANY(ARRAY(SELECT seq FROM chosen UNION ALL SELECT seq FROM run))
-RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type,
+RETURNING m.seq, m.id::text, m.exchange, m.routing_key, m.payload, m.content_type,
           m.headers, m.key, m.priority, m.attempts, m.max_attempts, m.available_at,
           m.created_at, m.traceparent, m.tracestate, m.suspect IS NOT NULL
 
@@ -251,7 +251,7 @@ SET state = 'in_flight',
     lease_token = :token,
     lease_expires_at = {{lease_ends}}
 WHERE m.seq = ANY(ARRAY(SELECT seq FROM run)) AND m.state = 'pending'
-RETURNING m.seq, m.id, m.exchange, m.routing_key, m.payload, m.content_type,
+RETURNING m.seq, m.id::text, m.exchange, m.routing_key, m.payload, m.content_type,
           m.headers, m.key, m.priority, m.attempts, m.max_attempts, m.available_at,
           m.created_at, m.traceparent, m.tracestate, false
 
