@@ -10,8 +10,9 @@ ceiling from the start (the relay's sizes itself below it).
 
 What it leaves out (keys and their order, retries and dead letters, circuits, rate limits,
 leases' upkeep, suspects, signing, tracing, metrics, checking each field before it goes) makes its
-CPU per message a floor for any relay of this design on these libraries, and its drain a bound
-on the relay's at the same window.
+drain a bound on the relay's at the same window, and its CPU per message a floor for a relay of
+this design on pika's own encoder: it publishes with `basic_publish`, where the relay writes its
+frames itself (relay/amqp/frames.py) and may go below it.
 
 `drain_floor_keys` is the same for a backlog of hot keys: each key's messages are published one
 at a time, the next from the confirm of the one before (the relay's chains, relay/loop/chains.py),

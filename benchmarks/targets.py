@@ -167,7 +167,10 @@ def target_lines(f: Figures) -> list[str]:
             lines.append(verdict(target, ratio <= SMALL_CPU, detail))
         if f.floor_us is not None and f.small_ceiling_us:
             ratio = f.floor_us / f.small_ceiling_us
-            lines.append(f"  bound: the floor relay, {f.floor_us:.0f} us: {ratio:.2f}x raw pika's")
+            lines.append(
+                f"  beside: the floor relay on pika's encoder, {f.floor_us:.0f} us: "
+                f"{ratio:.2f}x raw pika's"
+            )
     if f.small_database_us is not None:
         beside = f" (1 KB bodies: relay {f.relay_us:.0f} us)" if f.relay_us is not None else ""
         floor = (

@@ -118,7 +118,7 @@ def test_the_floor_relay_is_printed_as_the_bound_beside_its_target() -> None:
         "  bound: the floor relay at the relay's window ceiling, 10,500 vs 15,000 msg/s: 0.70x"
     )
     cpu = lines.index(_line(lines, "target relay CPU"))
-    assert lines[cpu + 1] == "  bound: the floor relay, 30 us: 1.20x raw pika's"
+    assert lines[cpu + 1] == "  beside: the floor relay on pika's encoder, 30 us: 1.20x raw pika's"
     assert _line(lines, "80-byte bodies: ") == (
         "80-byte bodies: database CPU 45 us/msg; the floor relay's 30"
     )
