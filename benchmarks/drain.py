@@ -30,6 +30,7 @@ from relay.core.signing import Keyring
 from relay.loop.counts import Counts
 from relay.loop.wiring import wire_relay
 from relay.ports import Outgoing
+from relay.runtime import heap
 from relay.runtime.config import RelayConfig
 from relay.store.sql_store import open_store
 
@@ -112,6 +113,7 @@ def drain_in_process(
 
     setattr(store, "mark_published", counting_mark)  # noqa: B010 - instance-level wrap
     relay = wire_relay(store, publisher, config)
+    heap.settle()  # as the runner does before the loop starts
     summary: list[Counts] = []
     failure: list[BaseException] = []
     relay_profile = cProfile.Profile() if profile_dir is not None else None

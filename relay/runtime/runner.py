@@ -16,6 +16,7 @@ from relay.core.urls import redact, secrets_of
 from relay.errors import ConfigError, RelayError, SchemaNotFound
 from relay.loop.relay import Relay
 from relay.loop.wiring import wire_relay
+from relay.runtime import heap
 from relay.runtime.config import DEFAULT_DB_URL, RelayConfig
 from relay.runtime.health import HealthServer
 from relay.runtime.logs import one_line
@@ -207,6 +208,7 @@ def _run(config: RelayConfig, telemetry: Telemetry) -> int:
     listener = listener_for(config.db_url, relay.wake) if config.listen else None
     if listener is not None:
         listener.start()
+    heap.settle()  # what starting made lives as long as the process
     try:
         relay.run()
     except Exception as exc:
