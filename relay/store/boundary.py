@@ -16,7 +16,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from outbox.dberrors import sqlstate_of
 from outbox.schema import is_missing_table
 from relay.errors import DatabaseUnavailable, PermissionDenied, RelayError, SchemaNotFound
-from relay.store.databases import DIALECTS
+from relay.store.databases import DIALECTS, shown
 
 
 def translate_db_error(engine: Engine, exc: DBAPIError) -> RelayError | None:
@@ -28,7 +28,7 @@ def translate_db_error(engine: Engine, exc: DBAPIError) -> RelayError | None:
     bug or a broken schema and propagates.
     """
     if is_missing_table(exc):
-        where = engine.url.render_as_string(hide_password=True)
+        where = shown(engine.url)
         return SchemaNotFound(
             f"the outbox tables do not exist in {where}: run `outbox-relay migrate`"
         )
@@ -53,7 +53,7 @@ def translated(engine: Engine) -> Iterator[None]:
     except PoolTimeout as exc:
         # Every pooled connection busy past the pool's timeout: the database is slow, not the
         # statement wrong; the loop waits and retries as for an outage.
-        where = engine.url.render_as_string(hide_password=True)
+        where = shown(engine.url)
         raise DatabaseUnavailable(f"database {where}: no free connection ({exc})") from exc
 
 
@@ -68,4 +68,4 @@ def _describe(engine: Engine, exc: DBAPIError) -> str:
     first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
     sqlstate = sqlstate_of(exc.orig)
     what = "is not reachable" if sqlstate is None or sqlstate.startswith("08") else "failed"
-    return f"database {engine.url.render_as_string(hide_password=True)} {what}: {first}"
+    return f"database {shown(engine.url)} {what}: {first}"

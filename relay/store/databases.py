@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from relay.core.urls import redact
 from relay.errors import ConfigError
 from relay.store.dialect import Dialect
 from relay.store.mysql import Mariadb, Mysql
@@ -16,6 +17,12 @@ from relay.store.postgres import Postgres
 from relay.store.sqlite import Sqlite
 
 DIALECTS: dict[str, type[Dialect]] = {d.name: d for d in (Postgres, Mysql, Mariadb, Sqlite)}
+
+
+def shown(url: URL) -> str:
+    """How a database URL appears in logs and errors: no password, in the userinfo or in the
+    query (`?password=`, which libpq takes too)."""
+    return redact(url.render_as_string(hide_password=True))
 
 
 def database_url(raw: str) -> URL:

@@ -12,7 +12,7 @@ from sqlalchemy import URL, Engine, create_engine, event
 
 from outbox.encoding import load_stored_json
 from relay.store.boundary import translated
-from relay.store.databases import DIALECTS, database_url, driver_arguments
+from relay.store.databases import DIALECTS, database_url, driver_arguments, shown
 from relay.store.overlap import connection_class
 
 log = logging.getLogger("relay.store")
@@ -54,7 +54,7 @@ def make_engine(
         # The loop's connections let its thread do the broker's IO while it waits for them.
         event.listen(engine, "do_connect", _overlapping)
     if relaxed_commit:  # the loop's engine: one per database the relay works on
-        where = url.render_as_string(hide_password=True)
+        where = shown(url)
         event.listen(engine, "connect", lambda dbapi_conn, _record: _say_server(where, dbapi_conn))
     timeout_sql = dialect.statement_timeout if statement_timeout is not None else None
     relaxed_sql = dialect.relaxed_commit if relaxed_commit else None
@@ -97,7 +97,7 @@ _said_pooled: set[str] = set()  # databases whose pooler was reported (once per 
 
 
 def _say_pooled(url: URL, server_timeout: str) -> None:
-    where = url.render_as_string(hide_password=True)
+    where = shown(url)
     if where in _said_pooled:
         return
     _said_pooled.add(where)

@@ -27,7 +27,7 @@ from relay.errors import DatabaseUnavailable, PermissionDenied
 from relay.ports import Claimed, FdWait, ResourceRow, RetentionFailed, StateCounts, T, TableHealth
 from relay.store import counting, rescuer, retention
 from relay.store.boundary import first_line, translated
-from relay.store.databases import dialect_for
+from relay.store.databases import dialect_for, shown
 from relay.store.dialect import utc
 from relay.store.engines import (
     POOL_TIMEOUT,
@@ -369,7 +369,7 @@ class SqlStore:
         with self._side_conn() as conn:
             read_only = conn.execute(self._sql.ping).scalar_one()
         if read_only:
-            where = self.engine.url.render_as_string(hide_password=True)
+            where = shown(self.engine.url)
             raise DatabaseUnavailable(f"database {where} is read-only (a standby): no primary")
 
     def while_waiting(self, wait: FdWait) -> AbstractContextManager[None]:

@@ -51,6 +51,18 @@ def test_a_database_that_is_down_is_unavailable_on_every_path(unreachable: str) 
         conn.execute(text("SELECT 1"))
 
 
+def test_a_password_in_the_urls_query_is_masked_too() -> None:
+    # libpq takes ?password= as well as the userinfo's; neither may reach a log line.
+    store = open_store("postgresql+psycopg://root@127.0.0.1:1/x?password=hunter22", check=False)
+    try:
+        with pytest.raises(DatabaseUnavailable) as down:
+            store.counts()
+    finally:
+        store.close()
+    assert "hunter22" not in str(down.value)
+    assert "password=***" in str(down.value)
+
+
 def test_a_database_never_migrated_says_so(db_url: str) -> None:
     store = open_store(db_url)
     try:
