@@ -56,6 +56,7 @@ def content_fields(content_type: str, content_encoding: str) -> bytes:
 
 # The Basic class's content header up to its properties: class, weight (0), body size, flags.
 _HEADER_START = struct.Struct(">HHQH")
+_BODY_SIZE = struct.Struct(">HHQ")  # the same without the flags
 _BARE = CONTENT_TYPE | CONTENT_ENCODING | DELIVERY_MODE | MESSAGE_ID | TIMESTAMP
 _WITH_HEADERS = _BARE | HEADERS
 _PERSISTENT = b"\x02"  # delivery mode 2: the broker writes the message to disk
@@ -82,7 +83,7 @@ def header(
 
 def header_of(body_size: int, props: bytes) -> bytes:
     """A content header payload around properties pika encoded (flags first, as they come)."""
-    return _HEADER_START.pack(BASIC, 0, body_size, 0)[:-2] + props
+    return _BODY_SIZE.pack(BASIC, 0, body_size) + props
 
 
 def header_frame_size(head: bytes) -> int:
@@ -109,5 +110,5 @@ def decode_properties(head: bytes) -> pika.BasicProperties:
     tests and tools; floats decode as floats (it installs outbox's decoding, process-wide)."""
     install_float_decoding()
     props = pika.BasicProperties()
-    props.decode(head, _HEADER_START.size - 2)  # the flags are the properties' own
+    props.decode(head, _BODY_SIZE.size)  # the flags are the properties' own
     return props

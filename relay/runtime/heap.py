@@ -2,8 +2,9 @@
 
 A drain makes a few objects a message (the claimed row, its frames, its outcome) that live for a
 pass or two of the loop. CPython's defaults collect the young objects every 700 allocations, and
-now and then every object of the process: with a claim of 500 rows in flight, that was a tenth
-of the relay's CPU per message (`make bench`, 80-byte bodies), spent finding no garbage. So once
+now and then every object of the process: with a claim of 500 rows in flight, that costs about a
+tenth of the relay's CPU per message (gc.callbacks over an 80-byte drain of `python -m
+benchmarks --phases small`), spent finding no garbage. So once
 the relay is built: what starting allocated (modules, engines, pika, OpenTelemetry), which lives
 as long as the process, is moved out of every later collection (`gc.freeze`), and a young
 collection waits for YOUNG allocations. Cycles are still found and freed, a little later.
