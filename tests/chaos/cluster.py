@@ -28,9 +28,8 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 import outbox
-from tests.chaos import recovery
 from tests.chaos.checker import DeliveryChecker
-from tests.chaos.run import PG_URL, ROOT, Relay, Row, Writers
+from tests.chaos.run import PG_URL, ROOT, Relay, Row, Writers, settle
 from tests.faults import rabbit_cluster as rc
 
 MESSAGES = 15_000  # 30 s of traffic at RATE: every fault falls inside it
@@ -234,17 +233,7 @@ def run_scenario(s: Scenario, messages: int, workdir: Path) -> tuple[Row, str]:
         try:
             time.sleep(5.0)  # traffic flowing, the relay connected
             s.fault(ctx)
-            back = recovery.returned(checker)
-            deadline = back.at + 300
-            while not checker.all_received(set(back.held_back)) and time.monotonic() < deadline:
-                relay.ensure_running()
-                time.sleep(0.05)
-            recovered = time.monotonic() - back.at
-            writers.join()
-            while not checker.all_received() and time.monotonic() < deadline:
-                relay.ensure_running()
-                time.sleep(0.1)
-            time.sleep(1.0)  # a late duplicate would show up now
+            _, recovered = settle(checker, relay, writers, 300, late=1.0)
         finally:
             relay.stop()
             consumer.stop()

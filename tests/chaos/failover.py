@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import pika
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -43,7 +42,7 @@ from sqlalchemy.orm import Session
 import outbox
 from tests.chaos.checker import DeliveryChecker
 from tests.chaos.mid_drain import write_backlog
-from tests.chaos.run import AMQP_URL, Consumer, Relay, Row
+from tests.chaos.run import AMQP_URL, Consumer, Relay, Row, topology
 from tests.faults.pg_standby import Pair
 from tests.support.ports import free_port
 
@@ -165,23 +164,11 @@ def _environment(pair: Pair) -> Iterator[tuple[str, Engine, str, str]]:
     url = f"{pair.url()}&options={urllib.parse.quote(f'-csearch_path={schema}')}"
     engine = create_engine(url, pool_size=8, pool_pre_ping=True)
     outbox.create_schema(engine)
-    conn_amqp = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    channel = conn_amqp.channel()
-    channel.exchange_declare(exchange, "topic", durable=True)
-    channel.queue_declare(queue, durable=True)
-    channel.queue_bind(queue, exchange, "#")
-    conn_amqp.close()
     try:
-        yield url, engine, exchange, queue
+        with topology(exchange, queue):
+            yield url, engine, exchange, queue
     finally:
         engine.dispose()
-        cleanup = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-        try:
-            channel = cleanup.channel()
-            channel.queue_delete(queue)
-            channel.exchange_delete(exchange)
-        finally:
-            cleanup.close()
 
 
 def run_failover(

@@ -303,6 +303,52 @@ class BacklogWatch:
                 self.peak = max(self.peak, self.checker.backlog(key))
 
 
+def settle(
+    checker: DeliveryChecker, relay: Relay, writers: Writers, timeout: float, *, late: float
+) -> tuple[recovery.Return, float]:
+    """Once a fault has ended: wait for what waited at its end, then for the writers and the
+    rest (within `timeout` of the fault's end), then `late` seconds more for a late duplicate.
+    Returns what waited at the fault's end, and the seconds until it had all arrived. A fault may
+    have left the relay dead (a cut during its start makes `run` exit 1): a deployment restarts
+    it, whenever it exits, and so does this."""
+    back = recovery.returned(checker)
+    held_back = set(back.held_back)
+    deadline = back.at + timeout
+    while not checker.all_received(held_back) and time.monotonic() < deadline:
+        relay.ensure_running()
+        time.sleep(0.05)
+    recovered = time.monotonic() - back.at
+    writers.join()
+    while not checker.all_received() and time.monotonic() < deadline:
+        relay.ensure_running()
+        time.sleep(0.1)
+    time.sleep(late)
+    return back, recovered
+
+
+@contextlib.contextmanager
+def topology(exchange: str, queue: str) -> Iterator[None]:
+    """A topic exchange and a durable queue bound to all of it, deleted at the end. A connection
+    per step: one left idle through a scenario would be closed by the broker (missed heartbeats,
+    or the broker-restart fault) and could not clean up."""
+    conn_amqp = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    channel = conn_amqp.channel()
+    channel.exchange_declare(exchange, "topic", durable=True)
+    channel.queue_declare(queue, durable=True)
+    channel.queue_bind(queue, exchange, "#")
+    conn_amqp.close()
+    try:
+        yield
+    finally:
+        cleanup = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        try:
+            channel = cleanup.channel()
+            channel.queue_delete(queue)
+            channel.exchange_delete(exchange)
+        finally:
+            cleanup.close()
+
+
 @contextlib.contextmanager
 def environment(name: str, database: str = "postgresql") -> Iterator[tuple[str, Engine, str, str]]:
     """A schema (on MariaDB a database; migrated), an exchange and a queue of this run; all
@@ -322,25 +368,11 @@ def environment(name: str, database: str = "postgresql") -> Iterator[tuple[str, 
         url = _schema_url(schema)
     engine = create_engine(url, pool_size=8)
     outbox.create_schema(engine)
-    # A connection per step: one left idle through a scenario would be closed by the broker
-    # (missed heartbeats, or the broker-restart fault) and could not clean up.
-    conn_amqp = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    channel = conn_amqp.channel()
-    channel.exchange_declare(exchange, "topic", durable=True)
-    channel.queue_declare(queue, durable=True)
-    channel.queue_bind(queue, exchange, "#")
-    conn_amqp.close()
     try:
-        yield url, engine, exchange, queue
+        with topology(exchange, queue):
+            yield url, engine, exchange, queue
     finally:
         engine.dispose()
-        cleanup = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-        try:
-            channel = cleanup.channel()
-            channel.queue_delete(queue)
-            channel.exchange_delete(exchange)
-        finally:
-            cleanup.close()
         with admin.connect() as conn:
             if mariadb:
                 conn.execute(text(f"DROP DATABASE `{schema}`"))
@@ -406,20 +438,8 @@ def run(
             if calibration:
                 speed = recovery.full_speed(checker, calibration, settle_timeout)
             fault(ctx)
-            back = recovery.returned(checker)
-            held_back = set(back.held_back)
-            deadline = back.at + settle_timeout
-            # A fault may have left the relay dead (a cut during its start makes `run` exit 1):
-            # a deployment restarts it, whenever it exits, and so does this.
-            while not checker.all_received(held_back) and time.monotonic() < deadline:
-                relay.ensure_running()
-                time.sleep(0.05)
-            recovered = time.monotonic() - back.at
-            writers.join()
-            while not checker.all_received() and time.monotonic() < deadline:
-                relay.ensure_running()
-                time.sleep(0.1)
-            time.sleep(0.5)  # a late duplicate or a leaked rollback would show up now
+            # A late duplicate or a leaked rollback would show up within half a second.
+            back, recovered = settle(checker, relay, writers, settle_timeout, late=0.5)
         finally:
             backlog.stop()
             relay.stop()
