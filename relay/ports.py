@@ -82,6 +82,26 @@ class TableHealth:
         return self.dead / total if total > 0 else 0.0
 
 
+class Holder(Protocol):
+    """Where the rows of a lease are settled: the outbox table (the Store) for claimed rows, the
+    log for messages read from it (relay/capture/source.py). Each call names the lease's token
+    and its rows by seq, as the Store's methods of the same names do."""
+
+    def mark_published(self, token: uuid.UUID, seqs: Sequence[int]) -> int: ...
+
+    def settle_failures(
+        self, token: uuid.UUID, decisions: Sequence[Retry | Dead], *, relay_id: str
+    ) -> int: ...
+
+    def release(
+        self, token: uuid.UUID, seqs: Sequence[int], *, delay_seconds: float, error: str
+    ) -> int: ...
+
+    def abandon(
+        self, token: uuid.UUID, *, error: str, relay_id: str = "", max_attempts: int = 10
+    ) -> int: ...
+
+
 class Store(Protocol):
     def claim(
         self,
@@ -271,6 +291,12 @@ class Publisher(Protocol):
     def wait_fd(self, fileno: int, events: int) -> int:
         """Wait until `fileno` is ready for `events` (selectors' EVENT_READ, EVENT_WRITE),
         doing the broker's IO meanwhile; return the events that are ready."""
+
+    def watch(self, fileno: int, ready: Callable[[], None]) -> None:
+        """Call `ready` from `wait()` whenever `fileno` can be read (ending the wait), until
+        `unwatch(fileno)`."""
+
+    def unwatch(self, fileno: int) -> None: ...
 
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None

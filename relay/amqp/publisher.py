@@ -37,7 +37,7 @@ import selectors
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from pika import spec
@@ -233,6 +233,16 @@ class Publisher:
         return (selectors.EVENT_READ if got & PollEvents.READ else 0) | (
             selectors.EVENT_WRITE if got & PollEvents.WRITE else 0
         )
+
+    def watch(self, fileno: int, ready: Callable[[], None]) -> None:
+        """Call `ready` from `wait()` whenever `fileno` can be read, until `unwatch`: another
+        source of the loop's work (the log's stream, relay/capture/source.py) ends a wait as
+        the broker's answers do."""
+        self._ioloop.add_handler(fileno, lambda _fd, _events: ready(), PollEvents.READ)
+
+    def unwatch(self, fileno: int) -> None:
+        with contextlib.suppress(Exception):  # closed with the poller, or never watched
+            self._ioloop.remove_handler(fileno)
 
     def _why_none_answered(self) -> str:
         """Where and why, in one line: each node and its error, in plain words but the last

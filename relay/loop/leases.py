@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import Span
 
 from relay.core.outcome import Outcome
-from relay.ports import Claimed
+from relay.ports import Claimed, Holder
 
 
 @dataclass(slots=True)
@@ -49,6 +49,9 @@ class Lease:
     to_release: list[int] = field(default_factory=list)
     # Chains that may go on (their run came full): key -> the chain's last seq so far.
     tails: dict[str, int] = field(default_factory=dict)
+    # Where its rows are settled when not in the outbox table, under a lease of the table's (the
+    # relay's store): the log's messages (relay/capture/source.py). Never extended or reclaimed.
+    holder: Holder | None = None
 
     @property
     def sending(self) -> int:

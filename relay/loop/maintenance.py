@@ -64,7 +64,12 @@ class Maintenance:
             return 0
         self._next_strays = now + STRAYS_RETRY
         config = self._config
-        held = [(lease.token, seq) for lease in self._leases.values() for seq in lease.rows]
+        held = [
+            (lease.token, seq)
+            for lease in self._leases.values()
+            if lease.holder is None
+            for seq in lease.rows
+        ]
         taken = self._store.reclaim_strays(
             config.relay_id, held, max_attempts=config.policy.max_attempts
         )
@@ -87,7 +92,7 @@ class Maintenance:
         stale = [
             lease
             for lease in self._leases.values()
-            if now - lease.extended_at > config.lease_seconds / 3
+            if lease.holder is None and now - lease.extended_at > config.lease_seconds / 3
         ]
         if stale:
             store.extend_leases([lease.token for lease in stale], config.lease_seconds)

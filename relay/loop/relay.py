@@ -63,6 +63,7 @@ from relay.loop.observer import Observer
 from relay.loop.pulse import Pulse
 from relay.loop.settings import LoopSettings
 from relay.loop.settler import Settler
+from relay.loop.sources import Source
 from relay.ports import Publisher, RetentionFailed, Store
 
 log = logging.getLogger("relay")
@@ -71,6 +72,7 @@ log = logging.getLogger("relay")
 _STOP = object()
 _WAKE = object()
 _DECLARED_DEAD = object()  # another relay found this one's heartbeat stopped
+_LOG = object()  # the log's stream has something to read (relay/capture/source.py)
 # Why a row held with nothing to settle it was released (Relay._release_orphans).
 ORPHANED = "held by the relay with nothing to settle it (a relay bug): released"
 # `relay.progress` at INFO while the relay works: at once for the first message settled after a
@@ -94,8 +96,11 @@ class Relay:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], dt.datetime] = utc_now,
         rng: random.Random | None = None,
+        source: Source | None = None,
     ) -> None:
         self.store = store
+        self.source = source  # the log, with --capture logical: a second source of messages
+        self._watching: int | None = None  # the log's socket, while a wait ends on it
         self.publisher = publisher
         self.config = config
         self.guard = guard
@@ -209,9 +214,37 @@ class Relay:
                 self.claimer.claim(counts, now)
             except DatabaseUnavailable as exc:
                 self._db_failed("claim", exc)
+        if self.source is not None:
+            self._read_log(self.source, counts, now)
         self.summary.add(counts)
         self._log_progress(counts, now)
         return counts
+
+    def _read_log(self, source: Source, counts: Counts, now: float) -> None:
+        """Take what the log has into its lease, as much as there is room for; write what waits
+        for the table; move the slot past what is resolved."""
+        publisher = self.publisher
+        room = 0
+        if not self._stopping and publisher.ready and not publisher.blocked:
+            room = self.config.max_in_flight - self._leases.in_flight
+            taken, more = source.intake(self._leases, room)
+            if taken:
+                counts.claimed += taken
+                self.observer.claimed(taken)
+                self.claimer.pump(now)
+            if more:
+                counts.full_batch = True  # the stream may hold more than its socket says
+        source.flush()
+        source.advance()
+        # Woken by the log only while there is room to take what it has: else its socket
+        # would end every wait at once.
+        fileno = source.fileno() if room > 0 else None
+        if fileno != self._watching:
+            if self._watching is not None:
+                publisher.unwatch(self._watching)
+            if fileno is not None:
+                publisher.watch(fileno, lambda: self._inbox.put(_LOG))
+            self._watching = fileno
 
     def _log_progress(self, counts: Counts, now: float) -> None:
         progress = self._progress
@@ -354,6 +387,8 @@ class Relay:
             raise
         finally:
             self.pulse.stop()
+            if self.source is not None:
+                self.source.close()  # the slot moves past what was resolved, and is let go
         with contextlib.suppress(DatabaseUnavailable):  # if so, its heartbeat just ages out
             self.store.forget_relay(self.config.relay_id)
         summary = self.summary
@@ -401,6 +436,8 @@ class Relay:
         if self._leases:
             self.summary.drained = False
             self.release_all("relay stopped before the broker confirmed")
+        if self.source is not None:
+            self.source.flush()
 
     def _release_unsent(self, why: str) -> int:
         """Release the rows claimed and never handed to the publisher (no attempt charged)."""
@@ -421,7 +458,8 @@ class Relay:
     def _release(self, lease: Lease, seqs: list[int], why: str) -> int:
         """Release these unsent rows of `lease`, and forget them; 0 if the database fails."""
         try:
-            released = self.store.release(lease.token, seqs, delay_seconds=0.0, error=why)
+            holder = lease.holder or self.store
+            released = holder.release(lease.token, seqs, delay_seconds=0.0, error=why)
         except DatabaseUnavailable as exc:
             log.error("relay.release_failed", extra={"error": str(exc)})
             return 0
@@ -443,16 +481,17 @@ class Relay:
         counts.released += self._release_unsent(why)
         config = self.config
         for token, lease in list(self._leases.items()):
+            holder = lease.holder or self.store
             try:
                 if suspects.abandon(lease, crashed=self._crashed):
-                    counts.released += self.store.abandon(
+                    counts.released += holder.abandon(
                         token,
                         error=crash_reason(config.relay_id, why),
                         relay_id=config.relay_id,
                         max_attempts=config.policy.max_attempts,
                     )
                 else:
-                    counts.released += self.store.release(
+                    counts.released += holder.release(
                         token, list(lease.rows), delay_seconds=0.0, error=why
                     )
             except DatabaseUnavailable as exc:

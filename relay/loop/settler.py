@@ -25,7 +25,7 @@ from relay.loop.counts import Counts
 from relay.loop.leases import Answer, Leases
 from relay.loop.observer import Observer
 from relay.loop.settings import LoopSettings
-from relay.ports import Store
+from relay.ports import Holder, Store
 
 log = logging.getLogger("relay")
 
@@ -36,6 +36,7 @@ class _Writing:
     database failure half way through takes up where it stopped at the next pass."""
 
     answer: Answer
+    holder: Holder  # where its rows are settled (the lease's)
     # Decided once (the circuits have counted these outcomes), kept if the database fails.
     settlement: Settlement | None = None
     # What the circuits answered so far, per resource part: a part already counted is not
@@ -79,7 +80,9 @@ class Settler:
         self._unroutable: dict[tuple[str, str], tuple[dt.datetime, dt.datetime]] = {}
 
     def add(self, answer: Answer) -> None:
-        self._pending.append(_Writing(answer))
+        lease = self._leases.get(answer.token)
+        holder = self._store if lease is None or lease.holder is None else lease.holder
+        self._pending.append(_Writing(answer, holder))
 
     def settle(self, counts: Counts) -> int:
         """Write every chunk the broker has answered; return how many of those were written
@@ -169,7 +172,7 @@ class Settler:
         for token, chunks in by_token.items():
             seqs = [seq for w in chunks for seq in w.decided.published]
             if seqs:
-                marked = self._store.mark_published(token, seqs)
+                marked = chunks[0].holder.mark_published(token, seqs)
                 if marked != len(seqs):
                     lost = {"confirmed": len(seqs), "marked": marked}
                     log.warning("relay.lease_lost", extra=lost)
@@ -183,7 +186,7 @@ class Settler:
         failures = writing.decided.failures
         if failures:
             token = writing.answer.token
-            self._store.settle_failures(token, failures, relay_id=self._config.relay_id)
+            writing.holder.settle_failures(token, failures, relay_id=self._config.relay_id)
             _count_failures(failures, counts)
         writing.failures_written = True
 

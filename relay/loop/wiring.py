@@ -14,6 +14,7 @@ from relay.loop.circuits import ResourceGuard
 from relay.loop.observer import Instruments, Observer
 from relay.loop.relay import Relay, utc_now
 from relay.loop.settings import LoopSettings
+from relay.loop.sources import Source
 from relay.ports import Publisher, Store, TableHealth
 
 
@@ -27,9 +28,11 @@ def wire_relay(
     wall: Callable[[], dt.datetime] = utc_now,
     rng: random.Random | None = None,
     tables: Callable[[], Sequence[TableHealth]] | None = None,
+    source: Source | None = None,
 ) -> Relay:
     """A relay over `store` and `publisher` (started or not). Without `telemetry` it makes no
-    span and records no metric; `tables` feeds the dead-row gauge (Observer.watch)."""
+    span and records no metric; `tables` feeds the dead-row gauge (Observer.watch); `source` is
+    the log, with --capture logical."""
     rng = rng or random.Random()
     if telemetry is None:
         observer = Observer(None, NoOpMeter("outbox-relay"), clock=clock)
@@ -39,7 +42,15 @@ def wire_relay(
         store, config, clock=clock, wall=wall, rng=rng, on_transition=observer.circuit_changed
     )
     relay = Relay(
-        store, publisher, config, guard=guard, observer=observer, clock=clock, wall=wall, rng=rng
+        store,
+        publisher,
+        config,
+        guard=guard,
+        observer=observer,
+        clock=clock,
+        wall=wall,
+        rng=rng,
+        source=source,
     )
     if telemetry is not None and telemetry.meter_provider is not None:
         # Gauges cost queries: only when something reads them.

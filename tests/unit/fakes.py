@@ -433,6 +433,12 @@ class FakePublisher:
     def wait_fd(self, fileno: int, events: int) -> int:
         return events  # no database here has a socket to wait on
 
+    def watch(self, fileno: int, ready: Callable[[], None]) -> None:
+        pass  # waits return at once here: nothing to wake them
+
+    def unwatch(self, fileno: int) -> None:
+        pass
+
     def publish(
         self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
     ) -> None:

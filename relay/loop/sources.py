@@ -1,0 +1,26 @@
+"""What the loop needs of a second source of messages beside the table's claims: the log, with
+`--capture logical` (relay/capture/source.py). Its messages join the loop as a lease of their own
+(Lease.holder settles them); the loop gives it room, and each pass a turn to write and confirm."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from relay.loop.leases import Leases
+
+
+class Source(Protocol):
+    def intake(self, leases: Leases, room: int) -> tuple[int, bool]:
+        """Take up to about `room` messages into `leases`; return how many, and whether more
+        may be there at once."""
+
+    def flush(self) -> int:
+        """Write what waits to be written; how many."""
+
+    def advance(self) -> None:
+        """Let go of what is resolved."""
+
+    def fileno(self) -> int | None:
+        """A socket that is readable when there is more to take, or None."""
+
+    def close(self) -> None: ...
