@@ -21,6 +21,34 @@ if ! port_open 5432; then
     fi
 fi
 
+# Logical capture (relay/capture) reads a replication slot, which needs wal_level = logical. The
+# setting takes effect at a restart only, so the cluster is restarted once, when it changes.
+pg_sql() { psql -h 127.0.0.1 -U postgres -d postgres -XAtqc "$1" 2>/dev/null; }
+wal_level_within() {  # seconds: SHOW wal_level, asked again while the server is starting up
+    local level
+    for _ in $(seq 1 "$1"); do
+        level=$(pg_sql 'SHOW wal_level') && [ -n "$level" ] && { echo "$level"; return 0; }
+        sleep 1
+    done
+    return 1
+}
+wal_level=$(wal_level_within 15)
+if [ "$wal_level" != logical ]; then
+    if [ -z "$wal_level" ] || ! command -v pg_ctlcluster >/dev/null 2>&1 || [ ! -d /etc/postgresql ]; then
+        echo "error: cannot set wal_level = logical here (as a superuser: ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL)" >&2
+        exit 1
+    fi
+    echo "setting PostgreSQL's wal_level to logical (was ${wal_level}) and restarting it..." >&2
+    pg_sql 'ALTER SYSTEM SET wal_level = logical' >/dev/null \
+        && pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main restart >/dev/null 2>&1 \
+        && wait_port 5432 30 \
+        && wal_level=$(wal_level_within 30)
+    if [ "$wal_level" != logical ]; then
+        echo "error: could not set PostgreSQL's wal_level to logical (it is ${wal_level:-unknown}; as a superuser: ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL)" >&2
+        exit 1
+    fi
+fi
+
 if ! port_open 5672; then
     if command -v rabbitmq-server >/dev/null 2>&1; then
         echo "starting RabbitMQ..." >&2

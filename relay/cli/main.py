@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from relay.cli import (
+    capture,
     circuits,
     console,
     demo,
@@ -59,6 +60,7 @@ _COMMANDS: dict[str, Handler] = {
     **grants.COMMANDS,
     **demo.COMMANDS,
     **topology.COMMANDS,
+    **capture.COMMANDS,
     **sql.COMMANDS,
 }
 # The extra a command needs beyond the relay's (relay/cli/entry.py checks that one).
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_parser(sub)
     grants.add_parser(sub)
     topology.add_parser(sub)
+    capture.add_parser(sub)
     sql.add_parser(sub)
     demo.add_parsers(sub)
     accept_global_options_after(sub)

@@ -14,7 +14,7 @@ from outbox.schema import SCHEMA_VERSION
 from outbox.shape import Shape
 from relay.cli.circuits import format_circuits, not_closed
 from relay.cli.messages import operator_engine, per_exchange, table
-from relay.cli.options import Commands, Handler
+from relay.cli.options import Commands, Handler, add_command_options
 from relay.core.urls import redact
 from relay.errors import RelayError
 from relay.runtime.config import RelayConfig
@@ -37,6 +37,7 @@ def add_parsers(sub: Commands) -> None:
     )
     status = sub.add_parser("status", help="counts by state and the age of the oldest ready one")
     status.add_argument("--json", action="store_true", help="print one JSON object")
+    add_command_options(status, "status")
 
 
 def cmd_migrate(config: RelayConfig, args: argparse.Namespace) -> int:
@@ -112,7 +113,33 @@ def status_report(config: RelayConfig) -> dict[str, Any]:
     age = counts.oldest_ready_age_s
     report["oldest_pending_age_s"] = None if age is None else round(age, 3)
     report["estimated"] = sorted(counts.estimated)  # the states whose figures are estimates
+    log = log_report(config)
+    if log is not None:
+        report["log"] = log
+        # What waits in the slot is pending too: never 0 while the log holds messages.
+        report["pending"] += log["pending"] or 0
     return report
+
+
+def log_report(config: RelayConfig) -> dict[str, Any] | None:
+    """With logical capture (a slot --capture-slot names, on PostgreSQL): the messages that wait
+    in the slot, its lag in bytes and its wal_status; None otherwise."""
+    if not config.db_url.startswith("postgresql"):
+        return None
+    from relay.capture import admin as capture  # psycopg: PostgreSQL's users only
+
+    slot = config.capture_slot
+    with operator_engine(config) as engine:
+        state = capture.status(engine, slot=slot, publication=slot)
+    if not state.exists:
+        return None
+    return {
+        "slot": slot,
+        "pending": state.pending,
+        "lag_bytes": state.lag_bytes,
+        "wal_status": state.wal_status,
+        "active": state.active,
+    }
 
 
 def cmd_status(config: RelayConfig, args: argparse.Namespace) -> int:
@@ -172,6 +199,16 @@ def format_status(report: dict[str, Any]) -> str:
     ]
     age = report["oldest_pending_age_s"]
     rows.append(("oldest ready age", "-" if age is None else f"{age:.1f} s"))
+    log = report.get("log")
+    if log is not None:
+        waiting = "?" if log["pending"] is None else str(log["pending"])
+        rows.append(
+            (
+                "in the log",
+                f"{waiting} pending (slot {log['slot']}, {log['lag_bytes']} bytes behind, "
+                f"wal_status {log['wal_status']})",
+            )
+        )
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 

@@ -18,7 +18,7 @@ import contextlib
 import datetime as dt
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -52,6 +52,19 @@ BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000
 _ONE_MS = dt.timedelta(milliseconds=1)  # dividing by it is exact to the microsecond
 _W3C = TraceContextTextMapPropagator()
 _CIRCUIT_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
+# A replication slot's wal_status as a number an alert can compare: 2 and up, the server may
+# remove WAL the slot still needs (3: it did, and the messages in it are gone).
+WAL_STATUS_VALUE = {"reserved": 0, "extended": 1, "unreserved": 2, "lost": 3}
+
+
+class SlotReading(NamedTuple):
+    """The log's slot as a collection reads it (--capture logical)."""
+
+    slot: str
+    lag_bytes: int | None  # WAL the server keeps for it
+    wal_status: str | None
+    active: bool  # a relay streams from it
+    held: int  # messages this relay read from it and has not published or written yet
 
 
 class Instruments(Protocol):
@@ -222,6 +235,61 @@ class Observer:
                 lambda: [(t.dead_ratio, {"table": t.table}) for t in read()],
                 outage,
             )
+
+    def watch_capture(self, read: Callable[[], SlotReading]) -> None:
+        """Gauges of the log's slot: how much WAL it keeps (what a relay that stopped reading
+        costs the disk), its wal_status, whether it is read, and what this relay holds of it."""
+        meter = self._meter
+        outage = Outage()
+        cached: list[tuple[float, SlotReading]] = []
+
+        def reading() -> SlotReading:
+            now = self._clock()
+            if not cached or now - cached[0][0] > COUNTS_FRESH:
+                cached[:] = [(now, read())]
+            return cached[0][1]
+
+        def slot(value: Callable[[SlotReading], float]) -> Observe:
+            def observe() -> list[tuple[float, dict[str, str]]]:
+                found = reading()
+                return [(value(found), {"slot": found.slot})]
+
+            return observe
+
+        _gauge(
+            meter,
+            "outbox.capture.lag",
+            "By",
+            "WAL the log's replication slot keeps, not yet confirmed by a relay: it grows while "
+            "no relay reads the slot, and the server keeps it on disk",
+            slot(lambda r: float(r.lag_bytes or 0)),
+            outage,
+        )
+        _gauge(
+            meter,
+            "outbox.capture.wal_status",
+            "1",
+            "the slot's wal_status: 0 reserved, 1 extended, 2 unreserved (WAL it needs may be "
+            "removed at the next checkpoint), 3 lost (the messages it held are gone)",
+            slot(lambda r: float(WAL_STATUS_VALUE.get(r.wal_status or "", 0))),
+            outage,
+        )
+        _gauge(
+            meter,
+            "outbox.capture.active",
+            "1",
+            "1 while a relay streams from the slot, 0 when none does (its messages wait)",
+            slot(lambda r: 1.0 if r.active else 0.0),
+            outage,
+        )
+        _gauge(
+            meter,
+            "outbox.capture.held",
+            "{message}",
+            "messages this relay read from the log and has not yet published or written",
+            slot(lambda r: float(r.held)),
+            outage,
+        )
 
     def watch_window(self, size: Callable[[], int]) -> None:
         """A gauge of the relay's window (relay/core/window.py): free to read."""

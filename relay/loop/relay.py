@@ -63,7 +63,7 @@ from relay.loop.observer import Observer
 from relay.loop.pulse import Pulse
 from relay.loop.settings import LoopSettings
 from relay.loop.settler import Settler
-from relay.loop.sources import Source
+from relay.loop.sources import Source, SourceFailed
 from relay.ports import Publisher, RetentionFailed, Store
 
 log = logging.getLogger("relay")
@@ -101,6 +101,7 @@ class Relay:
         self.store = store
         self.source = source  # the log, with --capture logical: a second source of messages
         self._watching: int | None = None  # the log's socket, while a wait ends on it
+        self.failure: str | None = None  # why the relay stopped on its own (SourceFailed)
         self.publisher = publisher
         self.config = config
         self.guard = guard
@@ -227,7 +228,14 @@ class Relay:
         room = 0
         if not self._stopping and publisher.ready and not publisher.blocked:
             room = self.config.max_in_flight - self._leases.in_flight
-            taken, more = source.intake(self._leases, room)
+            try:
+                taken, more = source.intake(self._leases, room)
+            except SourceFailed as exc:
+                # Drain what is held and stop: going on would skip what the source lost.
+                log.error("relay.source_failed", extra={"error": str(exc)})
+                self.failure = str(exc)
+                self._handle(_STOP)
+                taken, more, room = 0, False, 0
             if taken:
                 counts.claimed += taken
                 self.observer.claimed(taken)

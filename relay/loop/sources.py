@@ -6,13 +6,19 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from relay.errors import RelayError
 from relay.loop.leases import Leases
+
+
+class SourceFailed(RelayError):
+    """The source can give nothing more and must not be skipped past (the log's slot was lost
+    or dropped): the relay drains what it holds and stops, saying why."""
 
 
 class Source(Protocol):
     def intake(self, leases: Leases, room: int) -> tuple[int, bool]:
         """Take up to about `room` messages into `leases`; return how many, and whether more
-        may be there at once."""
+        may be there at once. Raises SourceFailed when it never can again."""
 
     def flush(self) -> int:
         """Write what waits to be written; how many."""

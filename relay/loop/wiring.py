@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from opentelemetry.metrics import NoOpMeter
 
 from relay.loop.circuits import ResourceGuard
-from relay.loop.observer import Instruments, Observer
+from relay.loop.observer import Instruments, Observer, SlotReading
 from relay.loop.relay import Relay, utc_now
 from relay.loop.settings import LoopSettings
 from relay.loop.sources import Source
@@ -29,10 +29,11 @@ def wire_relay(
     rng: random.Random | None = None,
     tables: Callable[[], Sequence[TableHealth]] | None = None,
     source: Source | None = None,
+    capture: Callable[[], SlotReading] | None = None,
 ) -> Relay:
     """A relay over `store` and `publisher` (started or not). Without `telemetry` it makes no
     span and records no metric; `tables` feeds the dead-row gauge (Observer.watch); `source` is
-    the log, with --capture logical."""
+    the log, with --capture logical, and `capture` reads its slot for the gauges."""
     rng = rng or random.Random()
     if telemetry is None:
         observer = Observer(None, NoOpMeter("outbox-relay"), clock=clock)
@@ -56,4 +57,6 @@ def wire_relay(
         # Gauges cost queries: only when something reads them.
         observer.watch(store, guard.states, tables)
         observer.watch_window(lambda: relay.claimer.window.size)
+        if capture is not None:
+            observer.watch_capture(capture)
     return relay

@@ -26,6 +26,7 @@ from relay.runtime.logs import LEVELS
 from relay.runtime.readers import (
     OneOf,
     Rule,
+    SlotName,
     non_negative_number,
     port,
     positive_int,
@@ -42,6 +43,11 @@ DEFAULT_AMQP_URL = "amqp://guest:guest@localhost:5672/%2F"
 DEAD_KEY_MODES = ("hold", "skip")
 LOG_LEVEL = OneOf(LEVELS, upper=True)
 DEAD_KEY = OneOf(DEAD_KEY_MODES)
+# Where the relay finds new messages: claimed from the table, or read from PostgreSQL's log
+# (relay/capture/), the table serving only what cannot go at once.
+CAPTURE_MODES = ("table", "logical")
+CAPTURE = OneOf(CAPTURE_MODES)
+SLOT_NAME = SlotName()
 CIRCUIT_SCOPE = OneOf(SCOPES)  # relay/core/resources.py
 
 
@@ -93,6 +99,9 @@ class RelayConfig:
     sweep_interval: float = 5.0  # seconds between sweeps for keys freed by a dead or cancelled head
     listen: bool = True  # PostgreSQL: LISTEN for enqueue notifications (polling continues)
     dead_key: str = kept("hold", DEAD_KEY)
+    capture: str = kept("table", CAPTURE)
+    # The replication slot and publication --capture logical reads (outbox-relay capture setup).
+    capture_slot: str = kept("outbox_relay", SLOT_NAME)
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     # Delete old terminal messages between claims; None turns it off.
     retention: RetentionPolicy | None = field(default_factory=RetentionPolicy)

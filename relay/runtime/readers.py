@@ -152,6 +152,27 @@ def switch(raw: str) -> bool:
         raise ValueError(f"{raw!r} is not on or off (use 1/0, true/false, yes/no)") from None
 
 
+@dataclass(frozen=True, slots=True)
+class SlotName:
+    """A replication slot's (and publication's) name as PostgreSQL takes one unquoted: lower
+    case letters, digits and underscores, 63 at most; a Rule too."""
+
+    def __call__(self, raw: str) -> str:
+        value = raw.strip()
+        if not _SLOT.fullmatch(value):
+            raise ValueError(
+                f"{raw!r} is not a slot name (lower case letters, digits and _, 63 at most)"
+            )
+        return value
+
+    def check(self, name: str, value: str) -> None:
+        if not _SLOT.fullmatch(value):
+            raise ConfigError(f"{name} must be a slot name (lower case letters, digits and _)")
+
+
+_SLOT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
 def text(raw: str) -> str:
     if not raw.strip():
         raise ValueError(f"{raw!r} is empty")

@@ -14,7 +14,7 @@ from relay.amqp import topology
 from relay.amqp.publisher import Publisher
 from relay.core.urls import redact, secrets_of
 from relay.errors import ConfigError, RelayError, SchemaNotFound
-from relay.loop.relay import Relay
+from relay.loop.relay import Relay, utc_now
 from relay.loop.wiring import wire_relay
 from relay.runtime import heap
 from relay.runtime.config import DEFAULT_DB_URL, RelayConfig
@@ -108,6 +108,12 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         statement_timeout=config.statement_timeout,
         relaxed_commit=True,  # claims and marks wait for no disk (Dialect.relaxed_commit)
     )
+    source, capture = None, None
+    if config.capture == "logical":  # first: a database that cannot serve it is bad usage
+        from relay.runtime.capture import log_source, slot_reading  # psycopg: PostgreSQL only
+
+        source = log_source(config, store, utc_now)
+        capture = slot_reading(config, store, source)
     check_schema(store, database_named(config.db_url))
     publisher = Publisher(
         config.amqp_url,
@@ -124,7 +130,15 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
     publisher.start()
     # Once the relay can run: a start that fails says why in one line, not after this warning.
     warn_autovacuum(store)
-    return wire_relay(store, publisher, config, telemetry=telemetry, tables=store.table_health)
+    return wire_relay(
+        store,
+        publisher,
+        config,
+        telemetry=telemetry,
+        tables=store.table_health,
+        source=source,
+        capture=capture,
+    )
 
 
 def bind_http(config: RelayConfig, relay: list[Relay], telemetry: Telemetry) -> HealthServer | None:
@@ -224,6 +238,9 @@ def _run(config: RelayConfig, telemetry: Telemetry) -> int:
         )
         relay.release_all("relay crashed")
         return 1
+    else:
+        if relay.failure is not None:
+            return 1  # said as relay.source_failed
     finally:
         if listener is not None:
             listener.stop()

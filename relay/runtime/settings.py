@@ -23,7 +23,14 @@ from relay.core.retention import RetentionPolicy
 from relay.core.signing import keys_text
 from relay.core.urls import redact
 from relay.errors import ConfigError
-from relay.runtime.config import CIRCUIT_SCOPE, DEAD_KEY, LOG_LEVEL, RelayConfig
+from relay.runtime.config import (
+    CAPTURE,
+    CIRCUIT_SCOPE,
+    DEAD_KEY,
+    LOG_LEVEL,
+    SLOT_NAME,
+    RelayConfig,
+)
 from relay.runtime.readers import (
     age,
     duration_or_zero,
@@ -221,6 +228,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--dead-key", "OUTBOX_DEAD_KEY", "dead_key", DEAD_KEY,
             "when a keyed message is dead-lettered, hold the rest of its key until an operator "
             "replays or discards it, or skip past it", commands=RUN | {"sql"}),
+    Setting("--capture", "OUTBOX_CAPTURE", "capture", CAPTURE,
+            "where new messages are found: 'table' claims them from the outbox table; "
+            "'logical' reads them from PostgreSQL's log (outbox-relay capture setup first)"),
+    Setting("--capture-slot", "OUTBOX_CAPTURE_SLOT", "capture_slot", SLOT_NAME,
+            "the replication slot and publication --capture logical reads",
+            commands=RUN | {"capture", "status"}, metavar="NAME"),
     Setting("--circuit-threshold", "OUTBOX_CIRCUIT_THRESHOLD", "circuit.threshold", positive_int,
             "consecutive failures of one resource that open its circuit", metavar="N"),
     Setting("--circuit-cooldown", "OUTBOX_CIRCUIT_COOLDOWN", "circuit.cooldown",

@@ -48,6 +48,11 @@ class PostgresStatements(Statements):
     read_snapshot: Annotated[str, Query("read_snapshot")]
     # Who a migration ran as, and where (Postgres.migration_denied).
     role_and_schema: Annotated[Compiled, Query("role_and_schema")]
+    # Logical capture (relay/capture/): the log's messages that take the table's path, the held
+    # rows of those published from the log, the keys the table holds.
+    admit_logged: Annotated[Compiled, Query("admit_logged")]
+    mark_logged: Annotated[Compiled, Query("mark_logged")]
+    held_keys: Annotated[Compiled, Query("held_keys")]
 
 
 # The SQLSTATE of a role with no schema to create tables in: nothing on its search_path exists,

@@ -355,6 +355,76 @@ INSERT INTO outbox_attempt
 SELECT id, attempt, coalesce(:now, now()), :relay_id, failure_class, outcome, error, available_at
 FROM settled
 
+-- ------------------------------------------------------------------------ logical capture
+
+-- admit_logged --
+-- Messages read from the log (relay/capture/source.py) that take the table's path: a failure
+-- settled as the table settles one (pending with its next attempt time, or dead), a message held
+-- back behind its key's, a delayed one. Written in the log's order (one array per column, unnested
+-- with their ordinality), so their seqs, and the key order the claims keep, follow it. A message
+-- that has a row already (:has_rows; an idempotency key or a delay gave it one at enqueue, held at
+-- available_at 'infinity' until the log's copy is read) moves: its held row goes, and is written
+-- again here, behind what came before it in the log; one whose held row is gone (an operator
+-- cancelled it) is not written. Each failure gets its attempt record, as settle_failures writes.
+WITH d AS (
+    SELECT * FROM unnest(
+        CAST(:ids AS uuid[]), CAST(:has_rows AS boolean[]), CAST(:exchanges AS text[]),
+        CAST(:routing_keys AS text[]), CAST(:payloads AS bytea[]), CAST(:content_types AS text[]),
+        CAST(CAST(:headers AS text[]) AS json[]), CAST(:keys AS text[]), CAST(:priorities AS int[]),
+        CAST(:max_attempts AS int[]), CAST(:states AS text[]), CAST(:attempts AS int[]),
+        CAST(:available_ats AS timestamptz[]), CAST(:created_ats AS timestamptz[]),
+        CAST(:traceparents AS text[]), CAST(:tracestates AS text[]), CAST(:errors AS text[]),
+        CAST(:classes AS text[]), CAST(:outcomes AS text[])
+    ) WITH ORDINALITY AS d(id, has_row, exchange, routing_key, payload, content_type, headers, key,
+                           priority, max_attempts, state, attempts, available_at, created_at,
+                           traceparent, tracestate, error, failure_class, outcome, n)
+), held AS (
+    DELETE FROM outbox_message AS m USING d
+    WHERE d.has_row AND m.id = d.id AND m.state = 'pending' AND m.available_at = 'infinity'
+    RETURNING m.id, m.idempotency_key
+), admitted AS (
+    INSERT INTO outbox_message
+        (id, exchange, routing_key, payload, content_type, headers, key, idempotency_key,
+         priority, max_attempts, state, attempts, available_at, created_at, last_error,
+         last_failed_at, traceparent, tracestate)
+    SELECT d.id, d.exchange, d.routing_key, d.payload, d.content_type, d.headers, d.key,
+           held.idempotency_key, d.priority, d.max_attempts, d.state, d.attempts,
+           d.available_at, d.created_at, d.error,
+           CASE WHEN d.failure_class IS NOT NULL THEN coalesce(:now, now()) END,
+           d.traceparent, d.tracestate
+    FROM d LEFT JOIN held ON held.id = d.id
+    WHERE NOT d.has_row OR held.id IS NOT NULL
+    ORDER BY d.n
+    RETURNING id
+)
+INSERT INTO outbox_attempt
+    (message_id, attempt, at, relay_id, failure_class, outcome, error, next_attempt_at)
+SELECT d.id, d.attempts, coalesce(:now, now()), :relay_id, d.failure_class, d.outcome, d.error,
+       CASE WHEN d.state = 'pending' THEN d.available_at END
+FROM d JOIN admitted ON admitted.id = d.id
+WHERE d.failure_class IS NOT NULL
+
+-- mark_logged --
+-- The held rows of messages the log's copy of which the broker confirmed (an idempotency key gave
+-- them a row, held at available_at 'infinity'): published, as mark_published would mark them. One
+-- an operator cancelled meanwhile stays cancelled.
+UPDATE outbox_message
+SET state = 'published', published_at = coalesce(:now, now()), available_at = created_at,
+    attempts = attempts + 1
+WHERE id = ANY(CAST(:ids AS uuid[])) AND state = 'pending' AND available_at = 'infinity'
+
+-- held_keys --
+-- Which of :keys the table holds: a key with a message there in a blocking state keeps the log's
+-- later messages of the key behind it, in the table. Rows held for the log ('infinity') are the
+-- log's own, read in their turn, and hold nothing. One probe of outbox_message_key_idx per key.
+SELECT DISTINCT m.key FROM unnest(CAST(:keys AS text[])) AS k(key)
+CROSS JOIN LATERAL (
+    SELECT e.key FROM outbox_message AS e
+    WHERE e.key >= k.key AND e.key <= k.key AND e.state IN ({{blocking}})
+      AND e.available_at <> 'infinity'
+    ORDER BY e.key, e.seq LIMIT 1
+) AS m
+
 -- ------------------------------------------------------------------------ resources, relays
 
 -- ensure_resource --
