@@ -13,6 +13,7 @@ a transaction that has written anything.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ DEFAULT_PUBLICATION = "outbox_relay"
 _DUPLICATE_OBJECT = "42710"  # a concurrent setup created it first
 _OBJECT_IN_USE = "55006"  # a walsender streams from the slot
 _NOT_IN_PREREQUISITE_STATE = "55000"  # the slot was invalidated
+_CONFIGURATION_LIMIT = "53400"  # every replication slot is taken: no room for the copy
+_UNCOUNTABLE = frozenset({_OBJECT_IN_USE, _NOT_IN_PREREQUISITE_STATE, _CONFIGURATION_LIMIT})
 
 # -- settings: what logical capture needs of the server and of the role. Free slots only matter
 # while the relay's slot does not exist yet.
@@ -66,14 +69,20 @@ _STATE = text(
     " EXISTS (SELECT FROM pg_publication WHERE pubname = :publication)"
     " FROM (SELECT) AS one LEFT JOIN pg_replication_slots AS s ON s.slot_name = :slot"
 )
-# -- pending: the relay's messages waiting in the slot, decoded without consuming them (only
-# possible while no stream holds the slot). A pgoutput message record is 'M' (77), its flags
-# (1: transactional), an Int64 position, then the NUL-terminated prefix from byte 11 on.
+# -- pending: the relay's messages waiting in the slot, decoded without consuming them, from a
+# temporary copy of the slot at its confirmed position (a slot a relay streams from cannot be
+# peeked at; its copy can, and goes with the session). A pgoutput message record is 'M' (77), its
+# flags (1: transactional), an Int64 position, the NUL-terminated prefix from byte 11 on, an Int32
+# length, then the message: its version, then its flags, whose ROW bit marks one that has a row
+# in the table (counted there already).
+_COPY = text("SELECT pg_copy_logical_replication_slot(:slot, :copy, true)")
+_DROP_COPY = text("SELECT pg_drop_replication_slot(:copy)")
 _PENDING = text(
-    "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(:slot, NULL, NULL,"
+    "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(:copy, NULL, NULL,"
     " 'proto_version', '1', 'publication_names', :publication, 'messages', 'true') AS c"
     " WHERE get_byte(c.data, 0) = 77 AND get_byte(c.data, 1) = 1"
     " AND substring(c.data FROM 11 FOR :prefix_length) = :prefix"
+    " AND get_byte(c.data, 15 + :prefix_length) & 1 = 0"
 )
 
 
@@ -282,23 +291,29 @@ def status(
     """The slot's state; with `count`, also the relay's messages waiting in it, decoded from
     the WAL it holds (this reads all of it: use `slot_state` for something cheap)."""
     state = slot_state(engine, slot, publication=publication)
-    if not count or not state.exists or state.active or state.wal_status == "lost":
+    if not count or not state.exists or state.wal_status == "lost":
         return state
     if not state.publication_exists:  # pgoutput fails on the first table change it sees
         return state
     prefix = logged.PREFIX.encode() + b"\0"
+    copy = f"{slot[:40]}_count_{secrets.token_hex(4)}"
     params = {
         "slot": slot,
+        "copy": copy,
         "publication": publication,
         "prefix": prefix,
         "prefix_length": len(prefix),
     }
     with _autocommit(engine) as conn:
         try:
-            pending = conn.execute(_PENDING, params).scalar_one()
+            conn.execute(_COPY, params)
+            try:
+                pending = conn.execute(_PENDING, params).scalar_one()
+            finally:
+                conn.execute(_DROP_COPY, params)
         except DBAPIError as exc:
-            # A stream took the slot meanwhile, or the server invalidated it: not countable.
-            if sqlstate_of(exc.orig) not in (_OBJECT_IN_USE, _NOT_IN_PREREQUISITE_STATE):
+            # No free slot for the copy, or the server invalidated the slot: not countable.
+            if sqlstate_of(exc.orig) not in _UNCOUNTABLE:
                 raise
             return slot_state(engine, slot, publication=publication)
     return dataclasses.replace(state, pending=int(pending))

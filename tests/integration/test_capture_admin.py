@@ -4,12 +4,14 @@ database of its own (tests/integration/test_capture_stream.py's `capture_databas
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
+from outbox import logged
 from relay.capture import admin
 from relay.capture.stream import CaptureError, SlotInUse
 from tests.integration.test_capture_stream import CaptureDb, capture_database
@@ -54,15 +56,37 @@ def test_setup_is_idempotent_and_says_what_it_did(db: CaptureDb) -> None:
     ]
 
 
+def _message(n: int, *, has_row: bool = False) -> bytes:
+    """An outbox message as enqueue emits it (the database appends the time)."""
+    params = {
+        "id": f"00000000-0000-7000-8000-{n:012d}",
+        "exchange": "x",
+        "routing_key": "rk",
+        "payload": b"p",
+        "content_type": "text/plain",
+        "headers": None,
+        "key": None,
+        "priority": 0,
+        "max_attempts": None,
+        "traceparent": None,
+        "tracestate": None,
+    }
+    return logged.stamped(logged.pack(params, delay=None, has_row=has_row), EPOCH)
+
+
+EPOCH = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
 def test_status_counts_the_messages_waiting_in_the_slot(db: CaptureDb) -> None:
-    db.emit(b"one", b"two")
-    db.emit(b"three")
-    db.emit(b"rolled back", commit=False)
-    db.emit(b"someone else's", prefix="audit")
-    db.emit(b"close, but not ours", prefix="outbox2")
+    db.emit(_message(1), _message(2))
+    db.emit(_message(3))
+    db.emit(_message(4, has_row=True))  # counted with the table's pending rows instead
+    db.emit(_message(5), commit=False)
+    db.emit(_message(6), prefix="audit")
+    db.emit(_message(7), prefix="outbox2")
     with db.engine.connect() as conn:
         conn.execute(
-            text("SELECT pg_logical_emit_message(false, 'outbox', 'not transactional'::bytea)")
+            text("SELECT pg_logical_emit_message(false, 'outbox', :m)"), {"m": _message(8)}
         )
         conn.commit()
     state = admin.status(db.engine, slot=db.name, publication=db.name)
@@ -82,18 +106,24 @@ def test_status_counts_the_messages_waiting_in_the_slot(db: CaptureDb) -> None:
     cheap = admin.slot_state(db.engine, db.name, publication=db.name)
     assert cheap.pending is None
     assert admin.status(db.engine, slot=db.name, publication=db.name, count=False).pending is None
-    # Peeking consumed nothing.
+    # Peeking consumed nothing, and left no slot behind.
     assert admin.status(db.engine, slot=db.name, publication=db.name).pending == 3
+    with db.engine.connect() as conn:
+        slots = conn.execute(
+            text("SELECT count(*) FROM pg_replication_slots WHERE database = current_database()")
+        ).scalar_one()
+    assert slots == 1
 
 
-def test_status_of_an_active_or_missing_slot_counts_nothing(db: CaptureDb) -> None:
+def test_status_counts_a_slot_a_relay_streams_from_too(db: CaptureDb) -> None:
+    db.emit(_message(1), _message(2))
     stream = db.stream()
     stream.open()
     try:
         state = admin.status(db.engine, slot=db.name, publication=db.name)
         assert state.active
         assert state.active_pid is not None
-        assert state.pending is None
+        assert state.pending == 2  # not confirmed yet: still pending
     finally:
         stream.close()
     missing = admin.status(db.engine, slot="no_such_slot", publication="no_such_pub")
