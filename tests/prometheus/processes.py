@@ -7,6 +7,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -14,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, make_url
 
 import outbox
 from tests.support.broker import AMQP_URL
@@ -54,6 +55,44 @@ def outbox_schema(prefix: str = "prom") -> Iterator[str]:
             conn.exec_driver_sql("SET lock_timeout = '10s'")  # fail rather than hang
             conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
         admin.dispose()
+
+
+@contextlib.contextmanager
+def capture_database(prefix: str = "alerts") -> Iterator[str]:
+    """A URL on a fresh PostgreSQL database (a slot reads a whole database) holding the outbox
+    tables, a scratch table `ballast` and a replication slot and publication named after it;
+    all dropped afterwards."""
+    from relay.capture import admin as capture  # psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    server = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", pool_size=1)
+    with server.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    engine = create_engine(url, pool_size=1)
+    try:
+        outbox.create_schema(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pgcrypto")
+            conn.exec_driver_sql("CREATE TABLE ballast (b bytea)")
+        capture.setup(engine, slot=name, publication=name)
+        yield url
+    finally:
+        engine.dispose()
+        with server.connect() as conn:
+            for (pid,) in conn.exec_driver_sql(
+                "SELECT active_pid FROM pg_replication_slots WHERE database = %s AND active",
+                (name,),
+            ):
+                conn.exec_driver_sql("SELECT pg_terminate_backend(%s)", (pid,))
+            time.sleep(1.0)
+            conn.exec_driver_sql(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE database = %s",
+                (name,),
+            )
+            conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+        server.dispose()
 
 
 def start_relay(db_url: str, port: int, *args: str) -> subprocess.Popen[bytes]:

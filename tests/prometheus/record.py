@@ -11,11 +11,13 @@ alert once its `for` has passed.
 How real scrapes map to promtool's series: scrape i is the sample at i x `INTERVAL` (one real
 second is one minute of promtool's time, a factor of 60). What the relay measures in time is
 multiplied by the same factor, so it agrees with the compressed clock: the oldest ready message's
-age (seconds) and the latency histogram's bucket bounds (`le`, milliseconds: a real 250 ms is
-15 s). Counts and states are kept as scraped. A failed scrape (the relay is down) gives every
-series a stale marker, as Prometheus writes one, and `up` 0. Labels get the job and instance a
-scrape adds, and the run's random exchange prefix is removed (`orders`, not `ar.1f2e.orders`), so
-a new recording changes only what the relay did differently.
+age (seconds), the latency histogram's bucket bounds (`le`, milliseconds: a real 250 ms is
+15 s) and the WAL a replication slot keeps (it piles up with time: what a real second writes is
+what a minute would). Counts and states are kept as scraped. A failed scrape (the relay is down)
+gives every series a stale marker, as Prometheus writes one, and `up` 0. Labels get the job and
+instance a scrape adds, and the run's random exchange prefix is removed (`orders`, not
+`ar.1f2e.orders`; a slot is `outbox_relay`), so a new recording changes only what the relay did
+differently.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import dataclasses
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -34,12 +37,19 @@ from typing import Any
 
 import pika
 import yaml
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, make_url
 
 import outbox
 from relay.core.urls import node_name
 from tests.prometheus import series
-from tests.prometheus.processes import ALERTS, ROOT, get, outbox_schema, start_relay
+from tests.prometheus.processes import (
+    ALERTS,
+    ROOT,
+    capture_database,
+    get,
+    outbox_schema,
+    start_relay,
+)
 from tests.prometheus.processes import stop as stop_process
 from tests.support.broker import AMQP_URL
 from tests.support.ports import free_port
@@ -66,6 +76,7 @@ class Run:
         self.args = [a.format(**{n: self.exchange(n) for n in ("orders", "unbound")})
                      for a in relay_args]  # fmt: skip
         self.relay: Any = None
+        self.holder: Any = None  # a capture scenario's first relay, holding the slot
 
     def exchange(self, name: str) -> str:
         return f"{self.prefix}{name}"
@@ -95,6 +106,9 @@ class Scenario:
     act: Callable[[Run, int], None]  # what happens after scrape i
     expect: Mapping[int, Sequence[Firing]]  # scrape -> the alerts firing then, exactly
     relay_args: Sequence[str] = ()  # {orders} and {unbound} are the exchanges' real names
+    # Logical capture: a database of its own with a slot, and a first relay holding the slot
+    # (unscraped; `act` gets it as run.holder) before the scraped one starts, its standby.
+    capture: bool = False
 
 
 def traffic(run: Run, tick: int) -> None:
@@ -118,6 +132,18 @@ def dying(run: Run, tick: int) -> None:
     traffic(run, tick)
     if tick >= 3:
         run.enqueue("unbound", 1)
+
+
+def slot_holder_hangs(run: Run, tick: int) -> None:
+    """The relay holding the slot stops (SIGSTOP: its connection stays up, so the slot stays
+    taken) while the application writes 2 MB of WAL a second; the scraped relay waits as its
+    standby, and its gauges show the WAL the slot keeps."""
+    if tick == 3:
+        os.kill(run.holder.pid, signal.SIGSTOP)
+    with run.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO ballast SELECT gen_random_bytes(1024) FROM generate_series(1, 2048)"
+        )
 
 
 def relay_down(run: Run, tick: int) -> None:
@@ -156,6 +182,12 @@ SCENARIOS = (
         "relay down: the only relay stopped for 8 s (8 minutes), then started again",
         19, relay_down, {4: (), 12: (("OutboxNoRelayAlive", {}),), 18: ()},
     ),
+    Scenario(
+        "capture: the relay holding the slot hangs while 2 MB of WAL a second is written",
+        30, slot_holder_hangs,
+        {2: (), 29: (("OutboxCaptureSlotBehind", {"slot": "outbox_relay"}),)},
+        capture=True,
+    ),
 )  # fmt: skip
 
 
@@ -173,8 +205,21 @@ def metrics_named() -> set[str]:
 def record(scenario: Scenario, keep: set[str]) -> list[series.Scrape]:
     """Run `scenario` for real; its scrapes, on the compressed clock."""
     prefix = f"ar.{uuid.uuid4().hex[:8]}."
-    with outbox_schema("alerts") as db_url, Exchanges(prefix):
-        run = Run(db_url, prefix, scenario.relay_args)
+    where = capture_database() if scenario.capture else outbox_schema("alerts")
+    with where as db_url, Exchanges(prefix):
+        slot = make_url(db_url).database if scenario.capture else None
+        args = list(scenario.relay_args)
+        if slot is not None:
+            args += ["--capture", "logical", "--capture-slot", slot]
+
+        def rename(value: str) -> str:
+            value = value.replace(prefix, "")
+            return "outbox_relay" if value == slot else value
+
+        run = Run(db_url, prefix, args)
+        if slot is not None:
+            run.holder = start_relay(db_url, free_port(), *run.args)
+            wait_for(lambda: slot_active(run.engine, slot), f"{scenario.name}: slot taken")
         run.start()
         try:
             deadline = time.monotonic() + 30
@@ -187,15 +232,29 @@ def record(scenario: Scenario, keep: set[str]) -> list[series.Scrape]:
             for tick in range(scenario.ticks):
                 time.sleep(max(0.0, start + tick * SPACING - time.monotonic()))
                 scraped = run.scrape(keep)
-                scrapes.append(
-                    None if scraped is None else series.rescale(
-                        scraped, SCALE, lambda v: v.replace(prefix, ""))
-                )  # fmt: skip
+                scrapes.append(None if scraped is None else series.rescale(scraped, SCALE, rename))
                 scenario.act(run, tick)
         finally:
             run.stop()
+            if run.holder is not None:
+                os.kill(run.holder.pid, signal.SIGCONT)
+                stop_process(run.holder)
             run.engine.dispose()
     return scrapes
+
+
+def slot_active(engine: Engine, slot: str) -> bool:
+    from relay.capture import admin
+
+    return admin.slot_state(engine, slot, publication=slot).active
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out: {what}")
+        time.sleep(0.1)
 
 
 class Exchanges:

@@ -19,7 +19,9 @@ Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 Key = tuple[str, Labels]  # metric name and labels: one series
 Scrape = Mapping[Key, float] | None  # None: nothing answered at /metrics
 
-TIME_VALUED = frozenset({"outbox_oldest_ready_age_seconds"})  # seconds: scaled
+# Seconds, and what piles up with time (the WAL a slot keeps grows with the WAL written while no
+# relay confirms it: a real second's worth is what a minute would leave): scaled.
+TIME_VALUED = frozenset({"outbox_oldest_ready_age_seconds", "outbox_capture_lag_bytes"})
 TIME_BUCKETED = frozenset({"outbox_publish_latency_milliseconds_bucket"})  # `le` in ms: scaled
 
 

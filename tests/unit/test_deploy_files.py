@@ -19,7 +19,7 @@ from relay.cli import main as cli
 from relay.core.circuit import CircuitState, Transition
 from relay.core.failures import Classified, FailureClass
 from relay.core.policy import Dead, Retry
-from relay.loop.observer import Observer
+from relay.loop.observer import Observer, SlotReading
 from relay.runtime.health import PATHS
 from relay.runtime.telemetry import setup
 from tests.unit.fakes import EPOCH, FakeStore, make_claimed
@@ -220,6 +220,7 @@ def exported_metrics() -> dict[str, dict[str, set[str]]]:
         store.add(make_claimed(1), make_claimed(2), make_claimed(3))
         store.alive["r1"] = EPOCH
         observer.watch(store, lambda: {"ex": CircuitState.OPEN})
+        observer.watch_capture(lambda: SlotReading("outbox_relay", 1024, "reserved", True, 2))
         observer.claimed(3)
         rows = {seq: make_claimed(seq) for seq in (1, 2, 3)}
         failure = Classified(FailureClass.UNROUTABLE, "NO_ROUTE")
