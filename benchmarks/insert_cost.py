@@ -120,7 +120,7 @@ def _plain_insert(engine: Engine, table: str) -> Callable[[Connection], object]:
     time): what the same row costs the database with nothing of the library."""
     rendered = pg_insert._rendered(engine.dialect, notify=False)
     sql = rendered.sql.replace("INSERT INTO outbox_message ", f"INSERT INTO {table} ", 1)
-    values = pg_insert._values(_prepared("x"))
+    values = pg_insert.driver_values(_prepared("x"))
     order = rendered.order
 
     def insert(conn: Connection) -> None:

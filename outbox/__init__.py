@@ -23,6 +23,7 @@ from outbox.config import configure
 from outbox.dramatiq_task import dramatiq_message, dramatiq_message_with_options
 from outbox.enqueue import enqueue
 from outbox.errors import (
+    CaptureNotSetUp,
     HeadersTooLarge,
     IdempotencyConflict,
     InvalidDestination,
@@ -118,6 +119,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BadSignature",
+    "CaptureNotSetUp",
     "Consumer",
     "ConsumerPolicy",
     "HeadersTooLarge",

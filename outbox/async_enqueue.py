@@ -4,8 +4,8 @@ AsyncSession and AsyncConnection, and for asyncpg's and psycopg's async connecti
 Not a second implementation: the messages are validated and built by the same `prepare`, in the
 caller's task (so the trace context captured is the caller's), and inserted by the same `write`
 (`write_many`), which SQLAlchemy runs on the sync face of the async connection (`run_sync`).
-Idempotency races, NOTIFY, `SchemaMissing` and error translation are therefore exactly
-`enqueue`'s, on asyncpg, psycopg's async mode and aiosqlite alike.
+Idempotency races, NOTIFY, logical capture, `SchemaMissing` and error translation are therefore
+exactly `enqueue`'s, on asyncpg, psycopg's async mode and aiosqlite alike.
 
 Loaded on first use of `outbox.enqueue_async` or `outbox.enqueue_many_async`: `import outbox`
 does not import SQLAlchemy's asyncio extension (nor greenlet).
@@ -80,6 +80,8 @@ async def enqueue_async(
         SchemaMissing: The outbox tables do not exist in this database.
         IdempotencyConflict: A concurrent transaction holds the same `idempotency_key` and
             this one cannot see its row; retry the transaction.
+        CaptureNotSetUp: As for `enqueue`: logical capture is on, and the database has no
+            replication slot for the relay. Nothing is written.
     """
     # Before anything else is done: an object this does not take is refused first.
     handle = async_connection(db, call=_CALL, sync_call="outbox.enqueue", writes=True)
@@ -120,6 +122,7 @@ async def enqueue_many_async(db: AsyncDb, messages: Iterable[Mapping[str, Any]])
         SchemaMissing: The outbox tables do not exist in this database.
         IdempotencyConflict: A concurrent transaction holds one of the idempotency keys and
             this one cannot see its row; retry the transaction.
+        CaptureNotSetUp: As for `enqueue`. Nothing is written.
     """
     handle = async_connection(db, call=_MANY_CALL, sync_call="outbox.enqueue_many", writes=True)
     prepared = prepare_many(messages)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,6 +22,16 @@ DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 # (benchmarks/enqueue_cost.py measures it with 8 writers).
 DEFAULT_NOTIFY_RATE = 100.0
 DEFAULT_NOTIFY_BURST = 10
+# How enqueue hands messages to the relay on PostgreSQL: rows of outbox_message ("table"), or
+# messages in the write-ahead log that the relay reads from its replication slot ("logical").
+TABLE, LOGICAL = "table", "logical"
+CAPTURES = (TABLE, LOGICAL)
+DEFAULT_CAPTURE_SLOT = "outbox_relay"
+# A slot name as PostgreSQL takes it unquoted (and as the relay's `capture setup` makes it).
+_SLOT_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_SLOT_RULE = (
+    "a slot name is 1 to 63 lower-case letters, digits and underscores, not starting with a digit"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +48,10 @@ class LibrarySettings:
     # Called with each value of a JSON payload that outbox does not encode itself
     # (outbox/jsonvalues.py); returns something that encodes.
     json_default: Callable[[Any], Any] | None = None
+    # "logical": on PostgreSQL, enqueue writes each message into the transaction's WAL
+    # (outbox/pg_emit.py), for a relay reading the slot capture_slot; "table": rows, as elsewhere.
+    capture: str = TABLE
+    capture_slot: str = DEFAULT_CAPTURE_SLOT
 
 
 # Positive integer settings and their environment variables.
@@ -61,7 +76,15 @@ def _from_env() -> LibrarySettings:
         if value < 1:
             raise ValueError(f"{variable} must be positive, got {value}")
         limits[field] = value
-    return LibrarySettings(notify=notify, **limits)
+    # Read as the relay reads the same variables (relay/runtime/settings.py): stripped, and
+    # empty as unset, so one environment means one mode on both sides.
+    capture = os.environ.get("OUTBOX_CAPTURE", "").strip() or TABLE
+    if capture not in CAPTURES:
+        raise ValueError(f"OUTBOX_CAPTURE must be one of {', '.join(CAPTURES)}, got {capture!r}")
+    slot = os.environ.get("OUTBOX_CAPTURE_SLOT", "").strip() or DEFAULT_CAPTURE_SLOT
+    if _SLOT_NAME.fullmatch(slot) is None:
+        raise ValueError(f"OUTBOX_CAPTURE_SLOT: {_SLOT_RULE}, got {slot!r}")
+    return LibrarySettings(notify=notify, capture=capture, capture_slot=slot, **limits)
 
 
 _settings = _from_env()
@@ -96,13 +119,15 @@ def configure(
     notify_rate: float | None = None,
     notify_burst: int | None = None,
     json_default: Callable[[Any], Any] | None = None,
+    capture: str | None = None,
+    capture_slot: str | None = None,
 ) -> LibrarySettings:
     """Change the library's settings for this process; return the settings now in force.
 
     Arguments left as None keep their current value. The limits start from the environment
     (`OUTBOX_MAX_PAYLOAD_BYTES`, `OUTBOX_MAX_JSON_DEPTH`, `OUTBOX_MAX_HEADER_BYTES`,
-    `OUTBOX_NOTIFY=0` to turn NOTIFY off) and apply to every later `enqueue` and
-    `enqueue_async` in the process.
+    `OUTBOX_NOTIFY=0` to turn NOTIFY off, `OUTBOX_CAPTURE`, `OUTBOX_CAPTURE_SLOT`) and apply to
+    every later `enqueue` and `enqueue_async` in the process.
 
     Args:
         max_payload_bytes: The largest encoded payload `enqueue` accepts (default 1 MiB);
@@ -127,13 +152,23 @@ def configure(
             `TypeError` to refuse it. A refused value raises `PayloadEncodingError`, naming
             its type and where it is in the payload. It replaces the function set before;
             `outbox.config.reset()` removes it.
+        capture: How the relay learns of messages on PostgreSQL: `"table"` (the default), a
+            row in outbox_message; `"logical"`, a transactional message in the transaction's
+            write-ahead log (`pg_logical_emit_message`), which a relay run with
+            `--capture logical` reads from its replication slot, and no row (a message with
+            an idempotency key or a delay gets a held row too). No NOTIFY is sent. MySQL,
+            MariaDB and SQLite write rows either way. The first logical enqueue of a process
+            on a database checks that the slot exists, and raises `CaptureNotSetUp` if not.
+        capture_slot: The relay's replication slot that logical capture checks for (default
+            `outbox_relay`).
 
     Returns:
         The settings in force after the change.
 
     Raises:
         TypeError: A value has the wrong type (json_default is not callable).
-        ValueError: A limit or rate is not positive.
+        ValueError: A limit or rate is not positive, capture is neither "table" nor
+            "logical", or capture_slot cannot name a slot.
     """
     global _settings
     limits = {
@@ -161,5 +196,15 @@ def configure(
                 f"json_default must be a function of one value, not {type(json_default).__name__}"
             )
         changes["json_default"] = json_default
+    if capture is not None:
+        if capture not in CAPTURES:
+            raise ValueError(f"capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
+        changes["capture"] = capture
+    if capture_slot is not None:
+        if not isinstance(capture_slot, str):
+            raise TypeError(f"capture_slot must be a string, not {type(capture_slot).__name__}")
+        if _SLOT_NAME.fullmatch(capture_slot) is None:
+            raise ValueError(f"capture_slot: {_SLOT_RULE}, got {capture_slot!r}")
+        changes["capture_slot"] = capture_slot
     _settings = replace(_settings, **changes)
     return _settings

@@ -77,6 +77,9 @@ class Database:
     # database's own beside outbox.metadata's (MySQL), by name.
     storage_settings: ClassVar[tuple[str, ...]] = ()
     own_indexes: ClassVar[Mapping[str, str]] = {}
+    # Whether the relay can read messages from the database's log (logical capture,
+    # outbox/pg_emit.py): where it cannot, enqueue writes rows whatever the capture setting.
+    has_log: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ enqueue
 
@@ -214,6 +217,7 @@ _RELOPTIONS = text("SELECT reloptions FROM pg_class WHERE oid = to_regclass(:tab
 class Postgresql(Database):
     names = ("postgresql",)
     storage_settings = STORAGE_SETTINGS_SQL
+    has_log = True
 
     @functools.cached_property
     def inserts(self) -> Inserts:

@@ -3,7 +3,9 @@
 It never commits, never flushes the caller's ORM objects, never runs DDL. Every argument is
 validated before the INSERT is built (`outbox.prepared`), so an invalid call leaves the
 transaction untouched. `enqueue_async` (`outbox.async_enqueue`) prepares the same way and runs
-this module's `write` on its connection: one implementation for both.
+this module's `write` on its connection: one implementation for both. In logical capture mode on
+PostgreSQL (`outbox.configure(capture="logical")`), `write` hands the message to
+outbox/pg_emit.py, which writes it into the transaction's log instead of the table.
 """
 
 from __future__ import annotations
@@ -14,18 +16,20 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, cast
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from outbox.config import LibrarySettings, settings
+from outbox import pg_emit
+from outbox.config import LOGICAL, LibrarySettings, settings
 from outbox.databases import Inserts, database_of
 from outbox.dberrors import sqlstate_of
 from outbox.errors import IdempotencyConflict, SchemaMissing
+from outbox.idempotency import holder, serialization_conflict
 from outbox.pg_insert import NOTIFY_CHANNEL as NOTIFY_CHANNEL  # the relay LISTENs on it
 from outbox.prepared import Prepared, prepare
 from outbox.ration import NotifyRation
-from outbox.schema import is_missing_table, message
+from outbox.schema import is_missing_table
 from outbox.sessions import Db, sync_connection
 
 _CALL = "outbox.enqueue"
@@ -54,7 +58,10 @@ def enqueue(
     is written, so a refused call leaves the transaction as it was. When an OpenTelemetry span
     is current, its trace context is stored with the message and published with it. On
     PostgreSQL the commit also wakes an idle relay (a NOTIFY, rationed per process: see
-    `outbox.configure`).
+    `outbox.configure`). In logical capture mode on PostgreSQL (`outbox.configure(capture=
+    "logical")`), the message is written into the transaction's write-ahead log instead of a
+    row (a message with an idempotency key or a delay gets a held row as well), and nothing
+    is notified.
 
     Args:
         db: The caller's transaction: a SQLAlchemy `Session`, `scoped_session` (Flask-SQLAlchemy's
@@ -100,6 +107,8 @@ def enqueue(
         IdempotencyConflict: A concurrent transaction holds the same `idempotency_key` and
             this one cannot see its row; retry the transaction.
         UnsupportedDatabase: The database is not PostgreSQL, MySQL/MariaDB or SQLite.
+        CaptureNotSetUp: Logical capture is on, and the database has no replication slot for
+            the relay. Nothing is written.
     """
     # A Session or Connection goes straight to `write`; any other handle is resolved (and an
     # object enqueue does not take refused) before the arguments are checked.
@@ -129,11 +138,14 @@ def enqueue(
 def write(conn: Connection, prepared: Prepared) -> uuid.UUID:
     """Insert a prepared message on `conn`, in its current transaction; return the message's id
     (an earlier message's, when its idempotency key is taken). `enqueue_async` runs this too, on
-    the sync face of its AsyncConnection, so both translate errors and race the same way."""
+    the sync face of its AsyncConnection, so both translate errors and race the same way. In
+    logical capture mode on PostgreSQL, the message goes into the log (outbox/pg_emit.py)."""
     database = database_of(conn.dialect.name)  # before any SQL
-    statements = database.inserts
-    wake = statements.notify if statements.notify is not None and notify_now() else None
     try:
+        if database.has_log and settings().capture == LOGICAL:
+            return pg_emit.write(conn, prepared)
+        statements = database.inserts
+        wake = statements.notify if statements.notify is not None and notify_now() else None
         if database.direct_insert(conn, prepared, notify=wake is not None):
             return prepared.id
         return _insert(conn, statements, prepared, wake)
@@ -204,27 +216,13 @@ def insert_idempotent(
     try:
         inserted = conn.execute(statements.insert_or_nothing, params).scalar()
     except DBAPIError as exc:
-        if sqlstate_of(exc.orig) == "40001":  # serialization_failure
-            raise IdempotencyConflict(
-                f"idempotency key {idempotency_key!r} was taken by a transaction that committed "
-                "after this one's snapshot (REPEATABLE READ or SERIALIZABLE); retry the "
-                "transaction"
-            ) from exc
+        conflict = serialization_conflict(exc, idempotency_key)
+        if conflict is not None:
+            raise conflict from exc
         raise
     if inserted is not None:
         return uuid.UUID(str(inserted))
-    # On PostgreSQL the INSERT waited for a racing transaction holding the same key to commit;
-    # under READ COMMITTED this new statement sees the winner's row.
-    existing = conn.execute(
-        select(message.c.id).where(message.c.idempotency_key == idempotency_key)
-    ).scalar()
-    if existing is None:
-        raise IdempotencyConflict(
-            f"idempotency key {idempotency_key!r} is held by a transaction whose row this one "
-            "cannot see (it committed after this transaction's snapshot was taken); retry the "
-            "transaction"
-        )
-    return uuid.UUID(str(existing))
+    return holder(conn, idempotency_key)
 
 
 def _insert_idempotent_mysql(

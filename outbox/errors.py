@@ -70,3 +70,9 @@ class UnsupportedDatabase(OutboxError):
 
 class SchemaConflict(OutboxError):
     """The database has an outbox table that `migrate` cannot complete."""
+
+
+class CaptureNotSetUp(OutboxError):
+    """Logical capture is on, and the database has no replication slot for the relay: PostgreSQL
+    would keep the messages for no one, and they would be lost. Nothing was written. Create the
+    slot (`outbox-relay capture setup`), or enqueue into the table (`OUTBOX_CAPTURE=table`)."""

@@ -29,6 +29,10 @@ import struct
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+# A held row's available_at (a message with an idempotency key or a delay has a row from its
+# enqueue, out of every relay's claims until the relay reads the log's copy): the last day a
+# Python datetime can hold, so every driver reads it (psycopg 3 refuses 'infinity').
+HELD_UNTIL = "9999-12-31 00:00:00+00"
 # The prefix the relay reads; any other prefix in the slot is someone else's and is skipped.
 PREFIX = "outbox"
 VERSION = 1
@@ -41,14 +45,17 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MICROSECOND = dt.timedelta(microseconds=1)
 
 # The creation time the database appends: the statement's time in microseconds since the epoch
-# (exact: extract returns numeric), the moment a row's created_at takes in the same statement.
+# (exact from PostgreSQL 14, where extract returns numeric), the moment a row's created_at takes.
 STAMP_SQL = "int8send((extract(epoch from statement_timestamp()) * 1000000)::int8)"
 # What enqueue runs for one message (psycopg's and psycopg2's paramstyle; outbox/pg_emit.py
-# renders it for every driver): the packed message with the database's time appended.
-EMIT_SQL = f"SELECT pg_logical_emit_message(true, '{PREFIX}', %(message)s::bytea || {STAMP_SQL})"
+# renders it for every driver): the packed message with the database's time appended. FROM, so
+# the row that comes back has no column: nothing for the driver and SQLAlchemy to convert.
+EMIT_SQL = (
+    f"SELECT FROM pg_logical_emit_message(true, '{PREFIX}', %(message)s::bytea || {STAMP_SQL})"
+)
 
-# Compact, as the head measures it; made once (json.dumps with arguments builds an encoder per
-# call). raw_decode skips json.loads's whitespace scans: pack writes none.
+# The headers as compact JSON, by an encoder made once (json.dumps with arguments builds one per
+# call); raw_decode skips json.loads's whitespace scans, and pack writes no whitespace.
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 _raw_decode = json.JSONDecoder().raw_decode
 _new = tuple.__new__

@@ -7,24 +7,28 @@ statement: on PostgreSQL one INSERT of arrays unnested (outbox/pg_insert.py), on
 one INSERT of many VALUES tuples (outbox/mysql_insert.py), elsewhere (SQLite) SQLAlchemy's
 executemany. A message with an idempotency key is written as `enqueue` writes it,
 by a statement of its own at its place in the list. `enqueue_many_async`
-(outbox/async_enqueue.py) prepares the same way and runs `write_many` on its connection.
+(outbox/async_enqueue.py) prepares the same way and runs `write_many` on its connection. In
+logical capture mode on PostgreSQL the messages go into the log instead, a chunk a statement, in
+the list's order (outbox/pg_emit.py).
 """
 
 from __future__ import annotations
 
 import inspect
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from outbox.databases import Inserts, database_of
+from outbox import pg_emit
+from outbox.config import LOGICAL, settings
+from outbox.databases import Database, Inserts, database_of
 from outbox.enqueue import app_clock, core_params, enqueue, insert_idempotent, notify_now
 from outbox.errors import InvalidMessage, SchemaMissing
-from outbox.prepared import Prepared, prepare
+from outbox.prepared import Prepared, prepare, runs
 from outbox.schema import is_missing_table
 from outbox.sessions import Db, sync_connection
 
@@ -83,6 +87,8 @@ def enqueue_many(db: Db, messages: Iterable[Mapping[str, Any]]) -> list[uuid.UUI
         IdempotencyConflict: As for `enqueue`: a concurrent transaction holds one of the
             idempotency keys and this one cannot see its row; retry the transaction.
         UnsupportedDatabase: The database is not PostgreSQL, MySQL/MariaDB or SQLite.
+        CaptureNotSetUp: Logical capture is on, and the database has no replication slot for
+            the relay. Nothing is written.
     """
     other = None
     if not isinstance(db, Session | Connection):
@@ -130,43 +136,41 @@ def _prepare_one(index: int, item: object) -> Prepared:
 def write_many(conn: Connection, prepared: Sequence[Prepared]) -> list[uuid.UUID]:
     """Insert prepared messages on `conn`, in its current transaction and in their order; return
     their ids (an earlier message's where an idempotency key is taken). `enqueue_many_async`
-    runs this too, on the sync face of its AsyncConnection."""
+    runs this too, on the sync face of its AsyncConnection. In logical capture mode on
+    PostgreSQL, the messages go into the log (outbox/pg_emit.py)."""
     database = database_of(conn.dialect.name)  # before any SQL
-    statements = database.inserts
-    wake = statements.notify if statements.notify is not None and notify_now() else None
-    ids: list[uuid.UUID] = []
     try:
-        for run in _runs(prepared):
-            key = run[0].idempotency_key
-            if key is not None:  # a run of one
-                params = core_params(statements, run[0], app_clock(statements))
-                ids.append(insert_idempotent(conn, statements, params, key))
-                continue
-            if not database.direct_insert_many(conn, run):
-                _insert_core(conn, statements, run)
-            ids.extend(one.id for one in run)
-        if wake is not None:
-            conn.exec_driver_sql(wake)
+        if database.has_log and settings().capture == LOGICAL:
+            return pg_emit.write_many(conn, prepared)
+        return _insert_many(conn, database, prepared)
     except DBAPIError as exc:
         if is_missing_table(exc):
             raise SchemaMissing(SchemaMissing.__doc__) from exc
         raise
+
+
+def _insert_many(
+    conn: Connection, database: Database, prepared: Sequence[Prepared]
+) -> list[uuid.UUID]:
+    statements = database.inserts
+    wake = statements.notify if statements.notify is not None and notify_now() else None
+    ids: list[uuid.UUID] = []
+    for run in runs(prepared, _has_idempotency_key):
+        key = run[0].idempotency_key
+        if key is not None:  # a run of one
+            params = core_params(statements, run[0], app_clock(statements))
+            ids.append(insert_idempotent(conn, statements, params, key))
+            continue
+        if not database.direct_insert_many(conn, run):
+            _insert_core(conn, statements, run)
+        ids.extend(one.id for one in run)
+    if wake is not None:
+        conn.exec_driver_sql(wake)
     return ids
 
 
-def _runs(prepared: Sequence[Prepared]) -> Iterator[Sequence[Prepared]]:
-    """The messages in order, as runs without an idempotency key and, between them, each message
-    with one alone."""
-    start = 0
-    for index, one in enumerate(prepared):
-        if one.idempotency_key is None:
-            continue
-        if start < index:
-            yield prepared[start:index]
-        yield prepared[index : index + 1]
-        start = index + 1
-    if start < len(prepared):
-        yield prepared[start:]
+def _has_idempotency_key(prepared: Prepared) -> bool:
+    return prepared.idempotency_key is not None
 
 
 def _insert_core(conn: Connection, statements: Inserts, run: Sequence[Prepared]) -> None:

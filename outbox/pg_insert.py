@@ -96,7 +96,7 @@ def covers_all(conn: Connection) -> bool:
     )
 
 
-def _values(prepared: Prepared) -> dict[str, Any]:
+def driver_values(prepared: Prepared) -> dict[str, Any]:
     """The bind values of `prepared`'s row, by name, in the forms every driver in DRIVERS takes."""
     given = prepared.params
     headers = given["headers"]
@@ -120,7 +120,7 @@ def _values(prepared: Prepared) -> dict[str, Any]:
 def insert_message(conn: Connection, prepared: Prepared, *, notify: bool) -> None:
     """INSERT `prepared` (see `covers`); with `notify`, the relay is notified at commit."""
     rendered = _rendered(conn.dialect, notify)
-    params = _values(prepared)
+    params = driver_values(prepared)
     if rendered.order is None:
         conn.exec_driver_sql(rendered.sql, params).close()
     else:

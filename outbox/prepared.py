@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,5 +106,22 @@ def chunks(prepared: Sequence[Prepared], rows: int, size: int) -> Iterator[Seque
             yield prepared[start:index]
             start, total = index, 0
         total += weight
+    if start < len(prepared):
+        yield prepared[start:]
+
+
+def runs(
+    prepared: Sequence[Prepared], alone: Callable[[Prepared], bool]
+) -> Iterator[Sequence[Prepared]]:
+    """`prepared` in order, as runs of messages written together and, between them, each message
+    `alone` says is written by a statement of its own, in a run of one."""
+    start = 0
+    for index, one in enumerate(prepared):
+        if not alone(one):
+            continue
+        if start < index:
+            yield prepared[start:index]
+        yield prepared[index : index + 1]
+        start = index + 1
     if start < len(prepared):
         yield prepared[start:]

@@ -31,6 +31,11 @@ enqueue order.
 With an async handle (anything `outbox.enqueue_async` takes), await the `_async` forms
 (`enqueued_async`, `assert_enqueued_async`, `assert_not_enqueued_async`): the same helpers, run on
 the async connection's sync face.
+
+In logical capture mode (`OUTBOX_CAPTURE=logical`) on PostgreSQL, enqueue writes messages into the
+write-ahead log, where no query of the transaction can read them: the helpers raise `OutboxError`
+rather than report nothing. Run tests in table mode (`outbox.configure(capture="table")`): the
+messages enqueued are the same.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from sqlalchemy import Connection, RowMapping, select
 
+from outbox.config import LOGICAL, settings
+from outbox.databases import database_named
+from outbox.errors import OutboxError
 from outbox.schema import message
 from outbox.sessions import Db, sync_connection
 
@@ -150,6 +158,8 @@ def enqueued(db: Db, **filters: Unpack[Filters]) -> list[EnqueuedMessage]:
 
     Raises:
         TypeError: A filter name is not one of `Filters`.
+        OutboxError: Logical capture is on and `db` is on PostgreSQL: the messages are in the
+            log, which these helpers cannot read.
     """
     unknown = set(filters) - set(Filters.__annotations__)
     if unknown:
@@ -164,6 +174,7 @@ def enqueued(db: Db, **filters: Unpack[Filters]) -> list[EnqueuedMessage]:
             condition = message.c[column].is_(None) if value is None else message.c[column] == value
             stmt = stmt.where(condition)
     with _sync_connection(db, "enqueued") as conn:
+        _refuse_logical(conn)
         found = [_message(row) for row in conn.execute(stmt).mappings()]
     return [m for m in found if _payload_matches(m, given) and _headers_match(m, given)]
 
@@ -235,6 +246,19 @@ async def assert_not_enqueued_async(db: AsyncDb, **filters: Unpack[Filters]) -> 
     """`assert_not_enqueued`, for anything `outbox.enqueue_async` takes."""
     async with _async_connection(db, "assert_not_enqueued") as conn:
         await conn.run_sync(lambda sync: assert_not_enqueued(sync, **filters))
+
+
+def _refuse_logical(conn: Connection) -> None:
+    """Raise when enqueue on `conn` writes to the log, not the table these helpers read."""
+    database = database_named(conn.dialect.name)
+    if database is not None and database.has_log and settings().capture == LOGICAL:
+        raise OutboxError(
+            "outbox.testing reads the outbox table, and in logical capture mode "
+            "(OUTBOX_CAPTURE=logical) enqueue writes the messages into PostgreSQL's write-ahead "
+            "log, where these helpers cannot see them. Run your tests in table mode: "
+            "outbox.configure(capture='table') or OUTBOX_CAPTURE=table (the messages your code "
+            "enqueues are the same)"
+        )
 
 
 def _sync_connection(db: object, name: str) -> AbstractContextManager[Connection]:

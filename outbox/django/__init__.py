@@ -12,10 +12,13 @@
 
 The message is one INSERT in the transaction Django has open, on the connection Django's ORM
 uses (`django.db.connections[using]`): an atomic block or savepoint that rolls back takes it
-with it. Outside any atomic block Django autocommits, so the call is refused
+with it. In logical capture mode on PostgreSQL (`OUTBOX_CAPTURE=logical`) it is a message in
+that transaction's write-ahead log instead, which a rollback, of the block or of a savepoint,
+takes with it just the same. Outside any atomic block Django autocommits, so the call is refused
 (`outbox.NotInTransaction`) rather than commit a message on its own. `process_once` (the inbox)
 and the test helpers (`enqueued`, `assert_enqueued`, `assert_not_enqueued`) work on the same
-connection. PostgreSQL (psycopg 3 or psycopg2), SQLite and MySQL/MariaDB (through PyMySQL).
+connection (the helpers read the table: in logical mode on PostgreSQL they raise). PostgreSQL
+(psycopg 3 or psycopg2), SQLite and MySQL/MariaDB (through PyMySQL).
 
 Consuming: `outbox.django.Consumer(queue, handler)` runs `handler(message)` inside
 `transaction.atomic()` on the same connection, with the inbox row written in that block, so the
@@ -98,6 +101,8 @@ def enqueue(
         InvalidMessage: An argument is invalid (see `outbox.enqueue`). Nothing is written.
         SchemaMissing: The outbox tables do not exist: run `manage.py migrate`.
         UnsupportedDatabase: Django's connection is not one the outbox takes.
+        CaptureNotSetUp: Logical capture is on (see `outbox.configure`), and the database has
+            no replication slot for the relay. Nothing is written.
         django.db.DatabaseError: The INSERT failed in the database (Django's exception of
             that kind, raised from SQLAlchemy's; on PostgreSQL, `InternalError` when an earlier
             statement of the block failed and its error was caught without a savepoint).

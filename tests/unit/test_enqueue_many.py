@@ -17,8 +17,8 @@ import outbox
 from outbox import pg_insert
 from outbox.async_enqueue import enqueue_many_async
 from outbox.enqueue import enqueue
-from outbox.many import ARGUMENTS, DEFAULTS, _runs, enqueue_many, prepare_many
-from outbox.prepared import Prepared, chunks
+from outbox.many import ARGUMENTS, DEFAULTS, enqueue_many, prepare_many
+from outbox.prepared import Prepared, chunks, runs
 
 ARGS: dict[str, Any] = {"exchange": "orders", "routing_key": "order.created", "payload": {}}
 
@@ -101,7 +101,11 @@ def test_something_other_than_a_list_of_mappings_is_refused(messages: object) ->
 
 def _run_names(prepared: list[Prepared]) -> list[list[object]]:
     names = {one.id: n for n, one in enumerate(prepared)}
-    return [[names[one.id] for one in run] for run in _runs(prepared)]
+    return [[names[one.id] for one in run] for run in runs(prepared, _has_key)]
+
+
+def _has_key(prepared: Prepared) -> bool:
+    return prepared.idempotency_key is not None
 
 
 def test_keyed_messages_are_written_alone_in_their_place() -> None:
@@ -140,7 +144,7 @@ def test_a_chunks_arrays_hold_what_insert_message_sends_for_each_row() -> None:
     prepared = prepare_many([ARGS, {**ARGS, "headers": {"a": 1}, "delay": 2}])
     arrays = pg_insert._arrays(prepared, text_ids=True)
     for n, one in enumerate(prepared):
-        values = pg_insert._values(one)
+        values = pg_insert.driver_values(one)
         assert {name: column[n] for name, column in arrays.items()} == values
     assert pg_insert._arrays(prepared, text_ids=False)["id"] == [one.id for one in prepared]
 

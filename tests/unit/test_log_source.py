@@ -296,3 +296,11 @@ def test_failures_are_written_with_the_policys_decision() -> None:
     [dead] = table.admitted
     assert (dead.state, dead.failure_class, dead.outcome) == ("dead", "unroutable", "dead")
     assert stream.confirmed == 100
+
+
+def test_the_stores_statements_know_a_held_row_by_the_librarys_time() -> None:
+    from relay.store.postgres import SQL
+
+    held = f"'{logged.HELD_UNTIL}'"
+    for block in ("admit_logged", "mark_logged", "held_keys"):
+        assert held in SQL._block(block).text, block

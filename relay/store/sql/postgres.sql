@@ -362,10 +362,11 @@ FROM settled
 -- settled as the table settles one (pending with its next attempt time, or dead), a message held
 -- back behind its key's, a delayed one. Written in the log's order (one array per column, unnested
 -- with their ordinality), so their seqs, and the key order the claims keep, follow it. A message
--- that has a row already (:has_rows; an idempotency key or a delay gave it one at enqueue, held at
--- available_at 'infinity' until the log's copy is read) moves: its held row goes, and is written
--- again here, behind what came before it in the log; one whose held row is gone (an operator
--- cancelled it) is not written. Each failure gets its attempt record, as settle_failures writes.
+-- that has a row already (:has_rows; an idempotency key or a delay gave it one at enqueue, held
+-- at available_at 9999-12-31, outbox.logged.HELD_UNTIL, until the log's copy is read) moves: its
+-- held row goes, and is written again here, behind what came before it in the log; one whose
+-- held row is gone (an operator cancelled it) is not written. Each failure gets its attempt
+-- record, as settle_failures writes.
 WITH d AS (
     SELECT * FROM unnest(
         CAST(:ids AS uuid[]), CAST(:has_rows AS boolean[]), CAST(:exchanges AS text[]),
@@ -380,7 +381,7 @@ WITH d AS (
                            traceparent, tracestate, error, failure_class, outcome, n)
 ), held AS (
     DELETE FROM outbox_message AS m USING d
-    WHERE d.has_row AND m.id = d.id AND m.state = 'pending' AND m.available_at = 'infinity'
+    WHERE d.has_row AND m.id = d.id AND m.state = 'pending' AND m.available_at = '9999-12-31 00:00:00+00'
     RETURNING m.id, m.idempotency_key
 ), admitted AS (
     INSERT INTO outbox_message
@@ -406,22 +407,22 @@ WHERE d.failure_class IS NOT NULL
 
 -- mark_logged --
 -- The held rows of messages the log's copy of which the broker confirmed (an idempotency key gave
--- them a row, held at available_at 'infinity'): published, as mark_published would mark them. One
+-- them a row, held at available_at HELD_UNTIL): published, as mark_published would mark them. One
 -- an operator cancelled meanwhile stays cancelled.
 UPDATE outbox_message
 SET state = 'published', published_at = coalesce(:now, now()), available_at = created_at,
     attempts = attempts + 1
-WHERE id = ANY(CAST(:ids AS uuid[])) AND state = 'pending' AND available_at = 'infinity'
+WHERE id = ANY(CAST(:ids AS uuid[])) AND state = 'pending' AND available_at = '9999-12-31 00:00:00+00'
 
 -- held_keys --
 -- Which of :keys the table holds: a key with a message there in a blocking state keeps the log's
--- later messages of the key behind it, in the table. Rows held for the log ('infinity') are the
+-- later messages of the key behind it, in the table. Rows held for the log (at HELD_UNTIL) are the
 -- log's own, read in their turn, and hold nothing. One probe of outbox_message_key_idx per key.
 SELECT DISTINCT m.key FROM unnest(CAST(:keys AS text[])) AS k(key)
 CROSS JOIN LATERAL (
     SELECT e.key FROM outbox_message AS e
     WHERE e.key >= k.key AND e.key <= k.key AND e.state IN ({{blocking}})
-      AND e.available_at <> 'infinity'
+      AND e.available_at <> '9999-12-31 00:00:00+00'
     ORDER BY e.key, e.seq LIMIT 1
 ) AS m
 
