@@ -2,7 +2,8 @@
 unexpected or out of order, an innocent message ended dead, or the poison-rows fault cost the
 relay its broker connection.
 
-    python -m tests.chaos [--messages 50000] [--only NAME,...] [--databases postgresql,mariadb]
+    python -m tests.chaos [--messages 50000] [--only NAME,...]
+                          [--databases postgresql,mariadb,logical]
 
 --only takes name prefixes: `--only "hot keys"` runs the hot-key faults (3 keys with 80% of the
 traffic), `--only relay` only "relay SIGKILL x10", `--only partitions` the partitioned consumers
@@ -13,7 +14,9 @@ clusters of their own: tests/chaos/failover.py), `--only cluster` the three-node
 node kills, pause and rolling restart, and a classic queue beside them (tests/chaos/cluster.py).
 
 Every fault runs on each database in turn (PostgreSQL, then MariaDB), the relay and the writers
-on a schema or database of their own.
+on a schema or database of their own; then the faults that matter to logical capture (`run
+--capture logical`, the writers emitting into the log) on a PostgreSQL database of their own:
+`--databases logical` runs those alone.
 """
 
 from __future__ import annotations
@@ -27,29 +30,36 @@ from pathlib import Path
 from tests.chaos import cluster, failover, mid_drain, partitions, recovery, run
 
 BROKER, DB, HOT = {"broker": True}, {"db": True}, {"hot": True}
+# The faults also run with logical capture (database "logical"), and those that need PostgreSQL.
+LOGICAL, PG_ONLY = {"logical": True}, {"pg_only": True}
 PARTITIONS = "partitions: 6 consumers SIGKILLed x16, relay SIGKILL, broker cut"
 
 
 def scenarios() -> list[tuple[str, run.Fault, dict[str, bool]]]:
     return [
         # 50,000 messages at 1,000/s: about 50 s of traffic that every fault falls inside.
-        ("relay SIGKILL x10", run.kill_relay(10, between=(1.0, 6.0)), {}),
-        ("broker connection cut x4", run.cut("broker", 4, down=4.0, up=6.0), BROKER),
-        ("database connection cut x3", run.cut("db", 3, down=5.0, up=8.0), DB),
+        ("relay SIGKILL x10", run.kill_relay(10, between=(1.0, 6.0)), LOGICAL),
+        ("broker connection cut x4", run.cut("broker", 4, down=4.0, up=6.0), BROKER | LOGICAL),
+        ("database connection cut x3", run.cut("db", 3, down=5.0, up=8.0), DB | LOGICAL),
+        ("postgresql restart x2", run.restart_postgres(2), PG_ONLY | LOGICAL),
         ("slow broker (+20 ms/chunk)", run.slow_broker(0.02, 20.0), BROKER),
         ("broker restart x2", run.restart_broker(2), {}),
         ("memory alarm 5 s", run.memory_alarm(5.0), {}),
         ("poison rows x80", run.poison_rows(80, every=0.4), {"steady": True}),
+        ("unroutable 5 s, then bound", run.unroutable(5.0), LOGICAL),
         # Hot keys (run.HOT): 3 keys carry 80% of the messages, at run.HOT_RATE (the same 50 s
         # of traffic: --messages scaled down). Each fault leaves hundreds to thousands waiting
         # behind each of them, which the relay drains as runs (128 a claim, going on under their
         # lease; one message per confirm), killed or cut in the middle of them.
-        ("hot keys: relay SIGKILL mid-run x6", run.kill_mid_run(6, between=(0.0, 1.5)), HOT),
+        ("hot keys: relay SIGKILL mid-run x6", run.kill_mid_run(6, between=(0.0, 1.5)),
+         HOT | LOGICAL),
         ("hot keys: broker cut x3", run.cut("broker", 3, down=4.0, up=6.0), HOT | BROKER),
         ("hot keys: database cut x3", run.cut("db", 3, down=5.0, up=8.0), HOT | DB),
         # A chain sends one message per confirm round trip: each is slowed, not just the batch.
         ("hot keys: slow broker (+20 ms/chunk)", run.slow_broker(0.02, 20.0), HOT | BROKER),
-    ]
+        # A failure in the middle of each hot key's chain: the rest of it waits behind.
+        ("hot keys: unroutable 5 s, then bound", run.unroutable(5.0), HOT | LOGICAL),
+    ]  # fmt: skip
 
 
 def main() -> int:
@@ -83,6 +93,10 @@ def main() -> int:
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
     for database, (name, fault, options) in ((d, s) for d in databases for s in scenarios()):
         if wanted and not any(name.startswith(w) for w in wanted):
+            continue
+        if (database == "logical" and not options.get("logical")) or (
+            database == "mariadb" and options.get("pg_only")
+        ):
             continue
         hot = options.get("hot", False)
         rate = run.HOT_RATE if hot else run.RATE

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 
 import outbox
 from tests.chaos.checker import DeliveryChecker
-from tests.chaos.run import AMQP_URL, Consumer, Relay, Row, environment
+from tests.chaos.run import AMQP_URL, Consumer, Relay, Row, environment, relay_flags
 
 NAME = "kill mid-drain"
 BATCH = 1000  # messages per enqueue transaction while the backlog is written
@@ -62,7 +62,8 @@ def run_kill_mid_drain(
             engine, exchange, checker, messages=messages, keyed_every=keyed_every, keys=keys
         )
         log = workdir / f"chaos-kill-mid-drain-{uuid.uuid4().hex[:6]}.log"
-        relay = Relay(db_url, AMQP_URL, log, flags=())  # every setting at its default
+        # Every setting at its default (with logical capture, the slot to read).
+        relay = Relay(db_url, AMQP_URL, log, flags=relay_flags(db_url, database, flags=()))
         consumer = Consumer(queue, checker, auto_ack=True)
         consumer.start()
         relay.start()
@@ -76,7 +77,8 @@ def run_kill_mid_drain(
             relay.kill()
             relay.start()
             restarted = time.monotonic()
-            held = in_flight(engine)  # the dead relay's leases, seen from the database
+            # The dead relay's leases, seen from the database (from the log: none in the table).
+            held = in_flight(engine)
             deadline = restarted + settle_timeout
             while not checker.all_received() and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -32,14 +32,18 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 import outbox
+from outbox import config as outbox_config
 from outbox.schema import UUID, message
+from relay.capture import admin as capture
 from tests.chaos import recovery
 from tests.chaos.checker import DeliveryChecker, Report
 from tests.support.proxy import TcpProxy
 
 PG_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 MYSQL_URL = os.environ.get("OUTBOX_TEST_MYSQL_URL", "mariadb+pymysql://root@127.0.0.1:3306/test")
-DATABASES = ("postgresql", "mariadb")
+# "logical": PostgreSQL with `run --capture logical`, a database of its own (a slot reads a
+# whole database) whose writers emit their messages into the log.
+DATABASES = ("postgresql", "mariadb", "logical")
 AMQP_URL = os.environ.get("OUTBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 ROOT = Path(__file__).resolve().parents[2]
 # Short leases and confirm timeouts, so a killed relay's rows come back within seconds.
@@ -73,6 +77,15 @@ class Row:
 
 
 # --------------------------------------------------------------------------- parts
+
+
+def relay_flags(db_url: str, database: str, flags: Sequence[str] = RELAY_FLAGS) -> list[str]:
+    """`flags`, and with logical capture the slot to read (named after the database)."""
+    if database != "logical":
+        return list(flags)
+    slot = make_url(db_url).database
+    assert slot is not None
+    return [*flags, "--capture", "logical", "--capture-slot", slot]
 
 
 def _schema_url(schema: str) -> str:
@@ -235,6 +248,9 @@ class Writers:
             for w in range(len(self.plans))
         ]
         self.errors: list[str] = []
+        self._go = threading.Event()  # cleared while a fault holds the writers
+        self._go.set()
+        self._writing = threading.Semaphore(len(self.plans))
 
     def start(self) -> None:
         for t in self._threads:
@@ -248,6 +264,21 @@ class Writers:
     def done(self) -> bool:
         return not any(t.is_alive() for t in self._threads)
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """No transaction starts until the block ends; those under way finish first."""
+        self._go.clear()
+        taken = 0
+        try:
+            for _ in range(len(self.plans)):
+                self._writing.acquire()
+                taken += 1
+            yield
+        finally:
+            for _ in range(taken):
+                self._writing.release()
+            self._go.set()
+
     def _write(self, w: int) -> None:
         plan = self.plans[w]
         next_at = time.monotonic()
@@ -256,8 +287,9 @@ class Writers:
             time.sleep(max(0.0, next_at - time.monotonic()))
             key = plan.keys[n % len(plan.keys)]
             rollback = n % self.rollback_every == self.rollback_every - 1
+            self._go.wait()
             try:
-                with Session(self.engine) as session, session.begin() as tx:
+                with self._writing, Session(self.engine) as session, session.begin() as tx:
                     message_id = str(
                         outbox.enqueue(
                             session,
@@ -351,34 +383,59 @@ def topology(exchange: str, queue: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def environment(name: str, database: str = "postgresql") -> Iterator[tuple[str, Engine, str, str]]:
-    """A schema (on MariaDB a database; migrated), an exchange and a queue of this run; all
-    removed afterwards."""
+    """A schema (on MariaDB, and with logical capture, a database; migrated), an exchange and a
+    queue of this run; all removed afterwards. With logical capture the database has its slot,
+    and this process's enqueues emit into the log for it."""
     suffix = uuid.uuid4().hex[:10]
     schema, exchange, queue = f"chaos_{suffix}", f"chaos.{suffix}", f"chaos.{suffix}.q"
-    mariadb = database == "mariadb"
+    mariadb, logical = database == "mariadb", database == "logical"
     admin = create_engine(MYSQL_URL if mariadb else PG_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         if mariadb:
             conn.execute(text(f"CREATE DATABASE `{schema}` CHARACTER SET utf8mb4"))
+        elif logical:
+            conn.execute(text(f'CREATE DATABASE "{schema}"'))
         else:
             conn.execute(text(f'CREATE SCHEMA "{schema}"'))
     if mariadb:
         url = make_url(MYSQL_URL).set(database=schema).render_as_string(hide_password=False)
+    elif logical:
+        url = make_url(PG_URL).set(database=schema).render_as_string(hide_password=False)
     else:
         url = _schema_url(schema)
-    engine = create_engine(url, pool_size=8)
+    # Pre-ping: a fault may restart the database under the writers' pooled connections.
+    engine = create_engine(url, pool_size=8, pool_pre_ping=True)
     outbox.create_schema(engine)
+    if logical:
+        capture.setup(engine, slot=schema, publication=schema)
+        outbox.configure(capture="logical", capture_slot=schema)
     try:
         with topology(exchange, queue):
             yield url, engine, exchange, queue
     finally:
+        if logical:
+            outbox_config.reset()
+            with contextlib.suppress(Exception):  # the database goes anyway
+                _let_go(engine, schema)
+                capture.drop(engine, slot=schema, publication=schema)
         engine.dispose()
         with admin.connect() as conn:
             if mariadb:
                 conn.execute(text(f"DROP DATABASE `{schema}`"))
+            elif logical:
+                conn.execute(text(f'DROP DATABASE "{schema}" WITH (FORCE)'))
             else:
                 conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+def _let_go(engine: Engine, slot: str, timeout: float = 20.0) -> None:
+    """Wait for the relays to let the slot go (a killed one's walsender ends with its socket)."""
+    deadline = time.monotonic() + timeout
+    while capture.slot_state(engine, slot, publication=slot).active:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"slot {slot} still read {timeout:g} s after the relays stopped")
+        time.sleep(0.1)
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -393,6 +450,7 @@ class Context:
     writers: Writers | None = None
     engine: Engine | None = None
     exchange: str = ""
+    queue: str = ""
     poisoned: set[str] = field(default_factory=set)  # ids of rows a fault spoiled
     database: str = "postgresql"
     kills_in_flight: list[int] = field(default_factory=list)  # kill_mid_run: what each held
@@ -418,14 +476,15 @@ def run(
         relay_db = db_proxy.url_for(db_url, db_port) if db_proxy else db_url
         relay_amqp = broker_proxy.url_for(AMQP_URL, 5672) if broker_proxy else AMQP_URL
         slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-        relay = Relay(relay_db, relay_amqp, workdir / f"chaos-{slug}-{uuid.uuid4().hex[:6]}.log")
+        log = workdir / f"chaos-{slug}-{uuid.uuid4().hex[:6]}.log"
+        relay = Relay(relay_db, relay_amqp, log, relay_flags(db_url, database))
         consumer = Consumer(queue, checker)
         consumer.start()
         writers = Writers(engine, exchange, checker, total=messages, rate=rate, keys=keys)
         backlog = BacklogWatch(checker, keys.hot_names)
         ctx = Context(
             relay, broker_proxy, db_proxy, writers=writers, engine=engine, exchange=exchange,
-            database=database,
+            queue=queue, database=database,
         )  # fmt: skip
         cold = [f"k{k}" for k in range(keys.cold)]
         shape = recovery.calibration_keys(calibrate, cold, keys.hot_names, keys.hot_share)
@@ -586,6 +645,49 @@ def restart_broker(times: int, down: float = 3.0) -> Fault:
             time.sleep(down)
             _rabbitmqctl("start_app")
             _rabbitmqctl("await_startup")
+
+    return fault
+
+
+def restart_postgres(times: int, down: float = 2.0) -> Fault:
+    """Stop PostgreSQL (fast: sessions and the relay's stream end) and start it again, the
+    writers held meanwhile (a commit cut short would leave its outcome unknown). make chaos
+    only: it restarts the machine's cluster."""
+
+    def fault(ctx: Context) -> None:
+        assert ctx.writers is not None
+        running(ctx.relay)
+        cluster = sorted(os.listdir("/etc/postgresql"))[0]
+        for _ in range(times):
+            time.sleep(3.0)
+            with ctx.writers.held():
+                for action in ("stop", "start"):
+                    subprocess.run(
+                        ["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", action,
+                         *(["-m", "fast"] if action == "stop" else [])],
+                        check=True, capture_output=True, timeout=120,
+                    )  # fmt: skip
+                    if action == "stop":
+                        time.sleep(down)
+
+    return fault
+
+
+def unroutable(seconds: float) -> Fault:
+    """Unbind the queue for `seconds`: what is published meanwhile is unroutable (deferred
+    through the grace period), then it routes again and everything arrives, in key order."""
+
+    def fault(ctx: Context) -> None:
+        running(ctx.relay)
+        time.sleep(2.0)
+        conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        try:
+            channel = conn.channel()
+            channel.queue_unbind(ctx.queue, ctx.exchange, "#")
+            time.sleep(seconds)
+            channel.queue_bind(ctx.queue, ctx.exchange, "#")
+        finally:
+            conn.close()
 
     return fault
 

@@ -51,6 +51,7 @@ class StubRelay:
         self._leases = {uuid.uuid4(): _Lease({1: None, 2: None})}
         self.stop_requested = False
         self.released_with_own_store = 0
+        self.failure: str | None = None  # why it stopped on its own (a source it lost)
 
     def request_stop(self) -> None:
         self.stop_requested = True
