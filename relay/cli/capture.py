@@ -60,6 +60,13 @@ def cmd_capture(config: RelayConfig, args: argparse.Namespace) -> int:
         if args.capture_action == "drop":
             for line in admin.drop(engine, slot=slot, publication=slot):
                 print(line)
+            # A running application checked the slot once, at its first message: it goes on
+            # emitting into a log that nothing keeps for anyone.
+            print(
+                "applications enqueueing with OUTBOX_CAPTURE=logical lose what they emit from now "
+                "on: switch them to table mode (and restart them) first",
+                file=sys.stderr,
+            )
             return 0
         state = admin.status(engine, slot=slot, publication=slot)
     if args.json:

@@ -304,3 +304,24 @@ def test_the_stores_statements_know_a_held_row_by_the_librarys_time() -> None:
     held = f"'{logged.HELD_UNTIL}'"
     for block in ("admit_logged", "mark_logged", "held_keys"):
         assert held in SQL._block(block).text, block
+
+
+def test_a_lost_slot_stops_the_relay_after_draining_and_says_why() -> None:
+    from relay.capture.stream import SlotLost
+
+    publisher = FakePublisher(hold=True)
+    relay, stream, table, _ = make(publisher)
+    stream.waiting = [commit(100, message(1))]
+    relay.run_once()
+
+    def lost(max_commits: int = 1000) -> list[Commit]:
+        raise SlotLost("replication slot 'outbox_relay' was invalidated: its messages are gone")
+
+    stream.read = lost  # type: ignore[method-assign]
+    publisher.confirm_held()
+    summary = relay.run()  # ends on its own: no stop was requested
+    assert relay.failure is not None
+    assert "invalidated" in relay.failure
+    assert summary.published == 1  # what it held was drained first
+    assert stream.confirmed == 100
+    assert table.admitted == []

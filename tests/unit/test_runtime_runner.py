@@ -104,6 +104,14 @@ def test_a_crash_is_one_log_line_with_the_traceback_only_at_debug(
         assert len(err.splitlines()) == 1, err
 
 
+def test_a_relay_that_stopped_on_its_own_exits_1(stub: dict[str, Any]) -> None:
+    def lose_the_source(relay: StubRelay) -> None:
+        relay.failure = "replication slot 'outbox_relay' was invalidated"
+
+    stub["relay"] = StubRelay(lose_the_source)
+    assert _run() == 1
+
+
 def test_a_second_signal_never_raises_into_the_loop_and_releases_on_a_fresh_store(
     stub: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
