@@ -107,10 +107,13 @@ class LogSource:
         self._moving_keys: dict[str, int] = {}  # how many of those each key has
         self._generation: dict[str, int] = {}  # a key's chain is renamed each time it moves
         self._live: dict[str, int] = {}  # per key: its messages in the lease, unresolved
+        self._single: set[str] = set()  # keys whose one message in the lease goes alone
+        self._behind: dict[str, deque[Claimed]] = {}  # waiting for their key's single to settle
         self.connected = False
         self.standby = False  # another relay holds the slot: this one tries again
         self._next_try = 0.0
         self._told = 0.0  # clock time the server was last told how far the slot may move
+        self._per_commit = 1.0  # messages per commit read, on average (recent ones weigh more)
         self._backoff = Backoff(first=0.2, cap=STANDBY_RETRY, floor=0.1)
 
     # ----------------------------------------------------------------- the stream
@@ -165,14 +168,20 @@ class LogSource:
         if room <= 0 or not self.connect(self._clock()):
             return 0, False
         try:
-            commits = self._stream.read(room)
+            # The stream counts commits, the room messages: a commit's share of the room by the
+            # size of those read so far, so one read takes about what there is room for.
+            wanted = max(1, int(room / self._per_commit))
+            commits = self._stream.read(wanted)
         except (SlotLost, SlotMissing) as exc:
             raise SourceFailed(str(exc)) from exc
         except StreamBroken as exc:
             self._broken(exc)
             return 0, False
         taken = self._take(commits, leases) if commits else 0
-        return taken, len(commits) >= room
+        if commits:
+            size = sum(len(c.messages) for c in commits) / len(commits)
+            self._per_commit += (size - self._per_commit) / 4
+        return taken, len(commits) >= wanted
 
     def _take(self, commits: list[Commit], leases: Leases) -> int:
         now = self._wall()
@@ -195,20 +204,21 @@ class LogSource:
                                                                 "lsn": commit.end_lsn})  # fmt: skip
                 read.append((self._seqs, message, opened))
                 self._commit_of[self._seqs] = opened
-        keyed = {
+        unknown = {
             m.key
             for _, m, _ in read
             if isinstance(m, logged.Logged) and m.key is not None and not self._direct(m.key)
         }
         try:
-            held = self._table.held_keys(keyed) if keyed else set()
+            held = self._table.held_keys(unknown) if unknown else set()
         except DatabaseUnavailable as exc:
             # Whether the table holds them cannot be known now: they take the table's path,
             # written once the database is back (nothing read is dropped).
             log.error("relay.capture_keys_unknown", extra={"error": str(exc)})
-            held = keyed
+            held = unknown
         lease = self.lease
         taken = 0
+        keyed: dict[str, list[Claimed]] = {}  # this read's messages of each key, in order
         for seq, message, opened in read:
             if isinstance(message, Exception):
                 self._move(seq, _malformed(message, data_of[seq], opened.end_lsn, now))
@@ -238,30 +248,63 @@ class LogSource:
                 message.traceparent,
                 message.tracestate,
             )
-            lease.rows[seq] = row
             if key is None:
+                lease.rows[seq] = row
                 lease.unsent.append(row)
+                taken += 1
             else:
-                lease.chains.setdefault(self._chain(key), deque()).append(row)
-                self._live[key] = self._live.get(key, 0) + 1
-            taken += 1
+                keyed.setdefault(key, []).append(row)
+        for key, rows in keyed.items():
+            if key in self._single:
+                # Its key's message in flight goes alone: these wait for it to settle.
+                self._behind.setdefault(key, deque()).extend(rows)
+            else:
+                self._hand(key, rows)
+                taken += len(rows)
         if lease.rows and lease.token not in leases:
             leases[lease.token] = lease
         self.flush()
         return taken
 
+    def _hand(self, key: str, rows: list[Claimed]) -> None:
+        """Give a key's messages to the lease, after what it has of the key. A key with nothing
+        in flight and one message goes alone, side by side with the others, as a claim's
+        single keyed row goes; otherwise as (more of) the key's chain, each message sent once
+        the one before it is confirmed."""
+        lease = self.lease
+        for row in rows:
+            lease.rows[row.seq] = row
+        if key not in self._live and len(rows) == 1:
+            lease.unsent.append(rows[0])
+            self._single.add(key)
+        else:
+            lease.chains.setdefault(self._chain(key), deque()).extend(rows)
+        self._live[key] = self._live.get(key, 0) + len(rows)
+
     def _direct(self, key: str) -> bool:
         """Whether the key has messages from the log in flight: its next one follows them."""
-        return key in self._live
+        return key in self._live or key in self._behind
 
     def _gone(self, key: str | None) -> None:
-        """A message of `key` left the lease (resolved, or on its way to the table)."""
-        if key is not None and key in self._live:
-            left = self._live[key] - 1
-            if left:
-                self._live[key] = left
-            else:
-                del self._live[key]
+        """A message of `key` left the lease (resolved, or on its way to the table). Once the
+        key has none left there, those that waited behind it follow: into the lease, or into
+        the table behind it if it went there."""
+        if key is None or key not in self._live:
+            return
+        left = self._live[key] - 1
+        if left:
+            self._live[key] = left
+            return
+        del self._live[key]
+        self._single.discard(key)
+        behind = self._behind.pop(key, None)
+        if not behind:
+            return
+        if key in self._moving_keys:
+            for row in behind:
+                self._move(row.seq, _behind(row, row.seq in self._with_row))
+        else:
+            self._hand(key, list(behind))
 
     def _chain(self, key: str) -> str:
         generation = self._generation.get(key, 0)
@@ -375,9 +418,9 @@ class LogSource:
         rows = self.lease.rows
         for decision in decisions:
             row = rows.get(decision.seq)
-            if row is not None:
-                self._gone(row.key)
+            if row is not None:  # moved first: what waits behind it follows it there
                 self._move(decision.seq, _failed(row, decision, decision.seq in self._with_row))
+                self._gone(row.key)
         self.flush()
         return len(decisions)
 
@@ -390,9 +433,9 @@ class LogSource:
         rows = self.lease.rows
         for seq in seqs:
             row = rows.get(seq)
-            if row is not None:
-                self._gone(row.key)
+            if row is not None:  # moved first: what waits behind it follows it there
                 self._move(seq, _released(row, seq in self._with_row, at, error))
+                self._gone(row.key)
         self.flush()
         return len(seqs)
 
@@ -473,6 +516,13 @@ def _failed(row: Claimed, decision: Retry | Dead, has_row: bool) -> Admitted:
         error=decision.failure.detail,
         failure_class=decision.failure.cls.value,
         outcome=decision.kind,
+    )
+
+
+def _behind(row: Claimed, has_row: bool) -> Admitted:
+    """A message that waited behind its key's message, which went into the table."""
+    return _admitted(
+        row, has_row=has_row, state="pending", attempts=0, available_at=row.available_at, error=None
     )
 
 

@@ -325,3 +325,42 @@ def test_a_lost_slot_stops_the_relay_after_draining_and_says_why() -> None:
     assert summary.published == 1  # what it held was drained first
     assert stream.confirmed == 100
     assert table.admitted == []
+
+
+def test_a_keys_lone_message_goes_side_by_side_and_the_next_waits_for_it() -> None:
+    publisher = FakePublisher(hold=True)
+    relay, stream, _, _ = make(publisher)
+    stream.waiting = [commit(100, message(1, key="k"), message(2, key="other"))]
+    relay.run_once()
+    assert publisher.chain_ids == []  # one message of each key: no chain to wait on
+    stream.waiting = [commit(200, message(3, key="k"))]
+    relay.run_once()
+    assert [number(i) for i in publisher.published] == [1, 2]  # 3 waits for 1
+    publisher.confirm_held()
+    relay.run_once()
+    relay.run_once()
+    assert [number(i) for i in publisher.published] == [1, 2, 3]
+
+
+def test_what_waited_behind_a_lone_message_that_failed_follows_it_into_the_table() -> None:
+    def decide(item: Outgoing) -> Outcome:
+        if number(item) == 1:
+            return Outcome(item.seq, Fate.REJECTED, "nack")
+        return Outcome(item.seq, Fate.CONFIRMED)
+
+    publisher = FakePublisher(decide=decide, hold=True)
+    relay, stream, table, _ = make(publisher)
+    stream.waiting = [commit(100, message(1, key="k"))]
+    relay.run_once()
+    stream.waiting = [commit(200, message(2, key="k"), message(3, key="k"))]
+    relay.run_once()
+    publisher.confirm_held()
+    relay.run_once()
+    relay.run_once()
+    assert [(r.id[-1], r.outcome) for r in table.admitted] == [
+        ("1", "retry"),
+        ("2", None),
+        ("3", None),
+    ]
+    assert [number(i) for i in publisher.published] == [1]
+    assert stream.confirmed == 200
