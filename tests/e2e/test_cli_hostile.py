@@ -173,7 +173,7 @@ def test_every_command_fails_in_one_line_when_nothing_answers(
         "reschedule": ["00000000-0000-0000-0000-000000000000", "--in", "10m"],
         "prioritize": ["00000000-0000-0000-0000-000000000000", "5"],
         "topology": ["check", TOPOLOGY], "topology apply": [TOPOLOGY],
-        "topology check": [TOPOLOGY]}  # fmt: skip
+        "topology check": [TOPOLOGY], "capture": ["status"]}  # fmt: skip
     argv = [*words.split(), "--db", DB_URL, "--amqp", AMQP_URL, *fill.get(words, [])]
     code = main(argv)
     out, err = capsys.readouterr()
