@@ -161,10 +161,13 @@ class LogSource:
 
     # ----------------------------------------------------------------- reading
 
-    def intake(self, leases: Leases, room: int) -> tuple[int, bool]:
+    def intake(
+        self, leases: Leases, room: int, passed_by: Callable[[str, str], bool] | None = None
+    ) -> tuple[int, bool]:
         """Read what the log has, up to about `room` messages: publish each into the lease, or
-        route it to the table. Returns the messages taken into the lease, and whether the log
-        may have more at once (a full read)."""
+        route it to the table (`passed_by`: its destination's circuit is open, or it is rate
+        limited, and the table's claims see to it). Returns the messages taken into the lease,
+        and whether the log may have more at once (a full read)."""
         if room <= 0 or not self.connect(self._clock()):
             return 0, False
         try:
@@ -177,13 +180,18 @@ class LogSource:
         except StreamBroken as exc:
             self._broken(exc)
             return 0, False
-        taken = self._take(commits, leases) if commits else 0
+        taken = self._take(commits, leases, passed_by) if commits else 0
         if commits:
             size = sum(len(c.messages) for c in commits) / len(commits)
             self._per_commit += (size - self._per_commit) / 4
         return taken, len(commits) >= wanted
 
-    def _take(self, commits: list[Commit], leases: Leases) -> int:
+    def _take(
+        self,
+        commits: list[Commit],
+        leases: Leases,
+        passed_by: Callable[[str, str], bool] | None = None,
+    ) -> int:
         now = self._wall()
         read: list[tuple[int, logged.Logged | Exception, _Open]] = []
         data_of: dict[int, bytes] = {}  # the bytes of those that cannot be read
@@ -226,8 +234,10 @@ class LogSource:
             key = message.key
             if message.has_row:
                 self._with_row[seq] = message.id
-            if message.available_at > now or (
-                key is not None and (key in held or key in self._moving_keys)
+            if (
+                message.available_at > now
+                or (key is not None and (key in held or key in self._moving_keys))
+                or (passed_by is not None and passed_by(message.exchange, message.routing_key))
             ):
                 self._move(seq, _waiting(message))
                 continue

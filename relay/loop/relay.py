@@ -228,8 +228,14 @@ class Relay:
         room = 0
         if not self._stopping and publisher.ready and not publisher.blocked:
             room = self.config.max_in_flight - self._leases.in_flight
+            excluded = set(self.guard.exclude())  # the claims' view, refreshed by them
+            naming = self.guard.naming
+
+            def passed_by(exchange: str, routing_key: str) -> bool:
+                return naming.part(exchange, routing_key) in excluded
+
             try:
-                taken, more = source.intake(self._leases, room)
+                taken, more = source.intake(self._leases, room, passed_by if excluded else None)
             except SourceFailed as exc:
                 # Drain what is held and stop: going on would skip what the source lost.
                 log.error("relay.source_failed", extra={"error": str(exc)})

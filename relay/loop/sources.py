@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from relay.errors import RelayError
@@ -16,9 +17,13 @@ class SourceFailed(RelayError):
 
 
 class Source(Protocol):
-    def intake(self, leases: Leases, room: int) -> tuple[int, bool]:
+    def intake(
+        self, leases: Leases, room: int, passed_by: Callable[[str, str], bool] | None = None
+    ) -> tuple[int, bool]:
         """Take up to about `room` messages into `leases`; return how many, and whether more
-        may be there at once. Raises SourceFailed when it never can again."""
+        may be there at once. A message `passed_by(exchange, routing_key)` says the main claim
+        would pass by (an open circuit, a rate limit) is left to the table, whose claims look
+        after those. Raises SourceFailed when it never can again."""
 
     def flush(self) -> int:
         """Write what waits to be written; how many."""

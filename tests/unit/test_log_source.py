@@ -364,3 +364,16 @@ def test_what_waited_behind_a_lone_message_that_failed_follows_it_into_the_table
     ]
     assert [number(i) for i in publisher.published] == [1]
     assert stream.confirmed == 200
+
+
+def test_a_rate_limited_destinations_messages_are_left_to_the_tables_claims() -> None:
+    relay, stream, table, publisher = make(rate_limits={"orders": 5.0})
+    stream.waiting = [commit(100, message(1), message(2))]  # both to exchange "orders"
+    relay.run_once()
+    relay.run_once()
+    assert publisher.published == []
+    assert [(r.id[-1], r.state, r.attempts) for r in table.admitted] == [
+        ("1", "pending", 0),
+        ("2", "pending", 0),
+    ]
+    assert stream.confirmed == 100
