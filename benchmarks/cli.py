@@ -43,6 +43,17 @@ Phases, in order (choose with --phases):
                floor relay (benchmarks/floor.py: claim, publish, mark and nothing else, its
                window fixed at the relay's ceiling) on the same backlog: the bound of the
                80-byte figures
+  logical      PostgreSQL only: logical capture (`run --capture logical`) beside the table mode,
+               in a database with a replication slot of its own (benchmarks/logical.py): a
+               backlog of --messages 80-byte bodies emitted into the log by outbox.enqueue
+               (5,000 a transaction, committed before the relay starts) drained in-process,
+               against raw pika's ceiling on them (target: at least 0.8x) and beside the same
+               backlog drained from the table; the relay's CPU per message and the database's,
+               the walsender streaming the slot included (target: the log's at most a third of
+               the table's); one writer's transaction with a message emitted against the same
+               without it (target: at least 0.95x) and with a row in the table; commit-to-
+               consumer latency at 200 msg/s from the log and from the table against the
+               broker's floor (target: the log's p50 within 1 ms of the floor's)
   kill         a relay subprocess with default settings drains a committed backlog (20,000, or
                --messages if fewer), is SIGKILLed at 40% and restarted at once: duplicates
                (target: at most 2x K) and recovery (target: at most 6 s)
@@ -73,7 +84,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from benchmarks import bounds, faults, machine
+from benchmarks import bounds, faults, logical, machine
 from benchmarks.ceiling import CeilingResult, measure_ceiling, measure_serial
 from benchmarks.drain import (
     DrainResult,
@@ -130,10 +141,11 @@ PHASES = (
     "hot-key",
     "neighbour",
     "small",
+    "logical",
     "kill",
     "steady-kill",
 )
-POSTGRESQL_ONLY = ("prepared",)
+POSTGRESQL_ONLY = ("prepared", "logical")
 # psycopg's own default: a statement is prepared on the server at its fifth run.
 PREPARED_ON = "5"
 ONE_AT_A_TIME = 20_000  # messages the slow comparison drains (its rate is what counts)
@@ -203,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         phases = [p for p in phases if p not in POSTGRESQL_ONLY]
     broker = BenchBroker(args.amqp, exchange=base.replace("_", "-"), queue=base.replace("_", "-"))
     small = BenchDatabase(args.db, f"{base}_small") if "small" in phases else None
+    captured = logical.Captured(args.db, f"{base}_logical") if "logical" in phases else None
     results: Results = {}
     info: dict[str, str] = {}
     started = time.time()
@@ -214,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         info["rabbitmq"] = broker.declare()
         info["database"] = f"{db.product} {db.server_version()}"
-        _run(args, phases, db, small, broker, results)
+        _run(args, phases, db, small, captured, broker, results)
     except KeyboardInterrupt:
         say("interrupted")
         return 130
@@ -226,6 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("queue and exchange", broker.delete),
             ("database", db.drop),
             *([("80-byte database", small.drop)] if small is not None else []),
+            *(
+                [("logical capture's slot, publication and database", captured.drop)]
+                if captured is not None
+                else []
+            ),
         )
     report(args, command, info, results)
     if args.profile is not None:
@@ -238,6 +256,7 @@ def _run(
     phases: list[str],
     db: BenchDatabase,
     small: BenchDatabase | None,
+    captured: logical.Captured | None,
     broker: BenchBroker,
     results: Results,
 ) -> None:
@@ -258,13 +277,20 @@ def _run(
         small.create()
         say(f"loading {n} messages of {bounds.SMALL_BYTES} bytes through outbox.enqueue ...")
         small.load(n, bounds.SMALL_BYTES, broker.exchange)
+    if captured is not None:
+        say(
+            f"logical capture: a database with a slot of its own, {n} messages of "
+            f"{bounds.SMALL_BYTES} bytes through outbox.enqueue ..."
+        )
+        captured.create(n, broker.exchange)
+        broker.bind(logical.LATENCY_KEY)
 
     for round_ in range(args.repeat):
         tag = f" [{round_ + 1}/{args.repeat}]" if args.repeat > 1 else ""
         for phase in phases:
             settle()
             try:
-                _phase(phase, tag, args, db, small, broker, payloads, now, results)
+                _phase(phase, tag, args, db, small, captured, broker, payloads, now, results)
             except Exception as exc:
                 # One broken phase (the relay code changes under this harness) must not hide
                 # the others: record it, clean the queue, go on.
@@ -280,6 +306,7 @@ def _phase(
     args: argparse.Namespace,
     db: BenchDatabase,
     small: BenchDatabase | None,
+    captured: logical.Captured | None,
     broker: BenchBroker,
     payloads: list[bytes],
     now: float,
@@ -405,6 +432,9 @@ def _phase(
     elif phase == "small":
         assert small is not None
         bounds.small(tag, args, small, broker, now, results)
+    elif phase == "logical":
+        assert captured is not None
+        logical.measure(tag, args, captured, broker, now, results)
     elif phase == "kill":
         backlog = min(n, faults.KILL_BACKLOG)
         say(f"SIGKILL mid-drain: a relay with default settings, {backlog} messages{tag} ...")

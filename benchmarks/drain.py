@@ -8,6 +8,7 @@ backlog that is already committed, to the moment the last row is marked publishe
 from __future__ import annotations
 
 import cProfile
+import dataclasses
 import importlib
 import shutil
 import signal
@@ -17,7 +18,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from relay.amqp.publisher import Publisher
 from relay.core.outcome import Fate, Outcome
 from relay.core.signing import Keyring
 from relay.loop.counts import Counts
+from relay.loop.relay import utc_now
 from relay.loop.wiring import wire_relay
 from relay.ports import Outgoing
 from relay.runtime import heap
@@ -74,19 +76,33 @@ def drain_in_process(
     db_url: str | None = None,
     signing: Keyring | None = None,
     expected: int | None = None,
+    capture_slot: str | None = None,
+    database_pids: Callable[[], Mapping[int, str]] | None = None,
 ) -> DrainResult:
     """Relay the backlog with the relay's own parts, wired as `relay.runtime.runner` does
     (through `db_url` when given: the same database, other connection options; signing each
     message with `signing` when given). The drain ends when every restored row is published,
-    or with `expected`, when that many are (then the caller checks what the others became)."""
-    check = expected is None
+    or with `expected`, when that many are (then the caller checks what the others became).
+
+    With `capture_slot`, the backlog is `expected` messages in that replication slot, and the
+    relay reads them from it (`--capture logical`): the drain ends when that many are confirmed,
+    and then the table must hold no row (none took the table's path). With `database_pids`,
+    only the server processes it names at the end count as the database's CPU (CpuMeter)."""
+    check = expected is None and capture_slot is None
     expected = db.restored if expected is None else expected
     config = RelayConfig(db_url=db_url or db.url, amqp_url=amqp_url, relay_id="bench-in-process")
+    if capture_slot is not None:
+        config = dataclasses.replace(config, capture="logical", capture_slot=capture_slot)
     # As the runner opens it: statement timeout, no commit waits for the disk, no JIT, prepared
     # statements on a direct connection.
     store = open_store(
         config.db_url, statement_timeout=config.statement_timeout, relaxed_commit=True
     )
+    source = None
+    if capture_slot is not None:
+        from relay.runtime.capture import log_source  # psycopg's: PostgreSQL only
+
+        source = log_source(config, store, utc_now)
     publisher = Publisher(
         config.amqp_url,
         confirm_timeout=config.confirm_timeout,
@@ -94,25 +110,27 @@ def drain_in_process(
         signing=signing,
     )
     publisher.start()
-    # The end of the drain is seen from inside the store's mark_published, not by polling:
-    # a polling thread would compete for the GIL with the relay's thread and skew the figure.
-    # The wrapper only counts; the relay runs the real method.
+    # The end of the drain is seen from inside the store's mark_published (or the log's, which
+    # settles what the broker confirmed by moving the slot), not by polling: a polling thread
+    # would compete for the GIL with the relay's thread and skew the figure. The wrapper only
+    # counts; the relay runs the real method.
     marked = 0
     all_marked = threading.Event()
     finished = 0.0
-    real_mark = store.mark_published
+    settles: Any = store if source is None else source
+    real_mark = settles.mark_published
 
     def counting_mark(token: uuid.UUID, seqs: Sequence[int]) -> int:
         nonlocal marked, finished
-        n = real_mark(token, seqs)
+        n: int = real_mark(token, seqs)
         marked += n  # only the relay-loop thread calls this
         if marked >= expected and not all_marked.is_set():
             finished = time.perf_counter()
             all_marked.set()
         return n
 
-    setattr(store, "mark_published", counting_mark)  # noqa: B010 - instance-level wrap
-    relay = wire_relay(store, publisher, config)
+    setattr(settles, "mark_published", counting_mark)  # noqa: B010 - instance-level wrap
+    relay = wire_relay(store, publisher, config, source=source)
     heap.settle()  # as the runner does before the loop starts
     summary: list[Counts] = []
     failure: list[BaseException] = []
@@ -131,7 +149,7 @@ def drain_in_process(
             all_marked.set()  # wake the waiting thread if the relay stopped early
 
     thread = threading.Thread(target=run, name="relay-loop", daemon=True)
-    meter = CpuMeter()
+    meter = CpuMeter(database=database_pids)
     meter.start()
     started = time.perf_counter()
     thread.start()
@@ -146,11 +164,15 @@ def drain_in_process(
     finally:
         relay.request_stop()
         thread.join(30)
+        if not thread.is_alive():  # its thread ran the publisher's loop: now this one may
+            publisher.stop()
         store.close()
     if failure:
         raise DrainError(f"in-process relay failed: {failure[0]!r}") from failure[0]
     if check:
         _check_all_published(db, expected, "in-process relay")
+    if capture_slot is not None and (states := db.by_state()):
+        raise DrainError(f"in-process relay, from the log: rows in the table: {states}")
     result = DrainResult("in-process", expected, finished - started, cpu=cpu)
     if summary and summary[0].failures:
         result.notes.append(f"publish failures: {summary[0].failures}")

@@ -225,6 +225,15 @@ class BenchBroker:
         finally:
             conn.close()
 
+    def bind(self, routing_key: str) -> None:
+        """Also route `routing_key` to the queue (the latency producers' key); `delete()` takes
+        the binding with the queue."""
+        conn, ch = self._channel()
+        try:
+            ch.queue_bind(self.queue, self.exchange, routing_key=routing_key)
+        finally:
+            conn.close()
+
     def purge(self) -> int:
         conn, ch = self._channel()
         try:

@@ -160,7 +160,17 @@ def _load() -> str:
     return f"load {one:.1f}/{five:.1f}"
 
 
-def consumer_latency(
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """ms per message: the broker's floor and each relay variant's, every run pooled; a row per
+    run (its p50 and p99 beside the floor's of the same run)."""
+
+    floor: list[float]
+    relayed: dict[str, list[float]]
+    runs: list[Row]
+
+
+def consumer_samples(
     engine: Engine,
     amqp_url: str,
     exchange: str,
@@ -171,9 +181,9 @@ def consumer_latency(
     seconds: float = 5.0,
     rate: float = 100.0,
     idle: float = 3.0,
-) -> list[Row]:
-    """Alternate the floor and each relay variant `runs` times; a row per variant for all its
-    samples pooled, and one per run."""
+) -> Samples:
+    """Alternate the floor and each relay variant `runs` times, every one on `exchange`, whose
+    key "r" must route to `queue`."""
     count = int(rate * seconds)
     consumer = Consumer(amqp_url, queue)
     consumer.start()
@@ -200,7 +210,28 @@ def consumer_latency(
                 )
     finally:
         consumer.stop()
-    f50, f99 = percentiles(floor)
+    return Samples(floor, relayed, rows)
+
+
+def consumer_latency(
+    engine: Engine,
+    amqp_url: str,
+    exchange: str,
+    queue: str,
+    relays: dict[str, Callable[[], subprocess.Popen[bytes]]],
+    *,
+    runs: int = 3,
+    seconds: float = 5.0,
+    rate: float = 100.0,
+    idle: float = 3.0,
+) -> list[Row]:
+    """Alternate the floor and each relay variant `runs` times; a row per variant for all its
+    samples pooled, and one per run."""
+    found = consumer_samples(
+        engine, amqp_url, exchange, queue, relays, runs=runs, seconds=seconds, rate=rate, idle=idle
+    )
+    count = int(rate * seconds)
+    f50, f99 = percentiles(found.floor)
     summary: list[Row] = [
         (
             f"RabbitMQ floor at {rate:.0f} msg/s (confirmed publish to the consumer)",
@@ -208,7 +239,7 @@ def consumer_latency(
             f"{runs} runs of {count}",
         )
     ]
-    for name, values in relayed.items():
+    for name, values in found.relayed.items():
         r50, r99 = percentiles(values)
         summary.append(
             (
@@ -217,4 +248,4 @@ def consumer_latency(
                 f"floor +{r50 - f50:.2f} / +{r99 - f99:.2f} ms (target +1 / +4)",
             )
         )
-    return summary + rows
+    return summary + found.runs

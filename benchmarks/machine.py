@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -60,10 +61,14 @@ def _snapshot(relay_pids: set[int]) -> _Snapshot | None:
 
 @dataclass
 class CpuSplit:
-    """CPU seconds per group over `seconds` of wall time."""
+    """CPU seconds per group over `seconds` of wall time. When "database" counts only the server
+    processes a phase named (CpuMeter's `database`): `roles`, its CPU seconds by what each of
+    them is, and `server`, every database process's on the machine."""
 
     seconds: float
     used: dict[str, float]
+    server: float | None = None
+    roles: dict[str, float] = field(default_factory=dict)
 
     def cores(self, group: str) -> float:
         return self.used.get(group, 0.0) / self.seconds if self.seconds > 0 else 0.0
@@ -77,14 +82,32 @@ class CpuSplit:
             else:
                 us = value / messages * 1e6 if messages else 0.0
                 parts.append(f"{group} {self.cores(group):.2f} ({us:.0f} us/msg)")
+        if self.server is not None and self.seconds > 0:
+            us = self.server / messages * 1e6 if messages else 0.0
+            parts.append(
+                f"every database process {self.server / self.seconds:.2f} ({us:.0f} us/msg)"
+            )
+        if self.roles and messages:
+            each = sorted(self.roles.items(), key=lambda kv: -kv[1])
+            parts.append(
+                "database by process: "
+                + ", ".join(f"{role} {cpu / messages * 1e6:.1f} us/msg" for role, cpu in each)
+            )
         return "cores: " + ", ".join(parts)
 
 
 class CpuMeter:
-    """Snapshot at `start()`, difference at `stop()`; counts the given pids as the relay."""
+    """Snapshot at `start()`, difference at `stop()`; counts the given pids as the relay. With
+    `database`, called at `stop()` for the server processes that served the phase (pid: what it
+    is, e.g. "walsender"), only those count as "database" (the rest of the server's, other
+    databases' work, is "other"); a process that exited before `stop()` cannot be named, so the
+    phase must keep its own open until then."""
 
-    def __init__(self, *relay_pids: int) -> None:
+    def __init__(
+        self, *relay_pids: int, database: Callable[[], Mapping[int, str]] | None = None
+    ) -> None:
         self.relay_pids = set(relay_pids) or {os.getpid()}
+        self._database = database
         self._start: _Snapshot | None = None
 
     def start(self) -> None:
@@ -96,17 +119,27 @@ class CpuMeter:
         start = self._start
         if start is None or end is None:
             return None
+        served = None if self._database is None else dict(self._database())
         used = dict.fromkeys(GROUPS, 0.0)
+        roles: dict[str, float] = {}
+        server = 0.0
         # Per process, so that one exiting during the phase cannot subtract from its group; a
         # process born during the phase counts from zero. What exited unseen lands in "other".
         for pid, (group, cpu) in end.procs.items():
             before = start.procs.get(pid)
+            spent = max(0.0, cpu - (before[1] if before else 0.0))
+            if group == "database":
+                server += spent
+                if served is not None:
+                    if pid not in served:
+                        continue  # another database's work: "other"
+                    roles[served[pid]] = roles.get(served[pid], 0.0) + spent
             if group != "other":
-                used[group] += max(0.0, cpu - (before[1] if before else 0.0))
+                used[group] += spent
         busy = end.busy - start.busy
         used["other"] = max(0.0, busy - used["relay"] - used["rabbitmq"] - used["database"])
         used["idle"] = end.idle - start.idle
-        return CpuSplit(seconds, used)
+        return CpuSplit(seconds, used, None if served is None else server, roles)
 
 
 def busy_cores(seconds: float = 1.0) -> float | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pika
 
 from benchmarks.results import BASES, NOT_RATES, Results, fmt_rate, median, spread
-from benchmarks.targets import WINDOWS, Figures, target_lines, window_line
+from benchmarks.targets import WINDOWS, Figures, LogicalFigures, target_lines, window_line
 
 SIGNED_TARGET = 0.95  # signing may cost at most 5% of the drain rate
 NOISE = 0.2  # cores used by other processes during a phase above which its figure is suspect
@@ -186,6 +186,43 @@ def figures(results: Results) -> Figures:
         floor_database_us=median(floor.database_us) if floor is not None else None,
         enqueue_plain=value("enqueue-plain"),
         enqueue_many=value("enqueue-many"),
+        logical=logical_figures(results),
+    )
+
+
+def logical_figures(results: Results) -> LogicalFigures:
+    """The logical phase's medians, from the rows that have any."""
+
+    def value(key: str) -> float | None:
+        row = results.get(key)
+        return row.rate if row is not None and row.rates else None
+
+    def cpu(key: str, kind: str) -> float | None:
+        row = results.get(key)
+        values = getattr(row, kind) if row is not None else []
+        return median(values) if values else None
+
+    return LogicalFigures(
+        drain=value("logical"),
+        ceiling=value("logical-ceiling"),
+        table=value("logical-table"),
+        single=value("logical-single"),
+        single_database_us=cpu("logical-single", "database_us"),
+        relay_us=cpu("logical", "relay_us"),
+        table_relay_us=cpu("logical-table", "relay_us"),
+        ceiling_us=cpu("logical-ceiling", "relay_us"),
+        database_us=cpu("logical", "database_us"),
+        table_database_us=cpu("logical-table", "database_us"),
+        enqueue=value("logical-enqueue"),
+        enqueue_bare=value("logical-enqueue-bare"),
+        enqueue_nothing=value("logical-enqueue-nothing"),
+        enqueue_table=value("logical-enqueue-table"),
+        p50_ms=value("logical-latency"),
+        p99_ms=value("logical-latency-p99"),
+        floor_p50_ms=value("logical-floor"),
+        floor_p99_ms=value("logical-floor-p99"),
+        table_p50_ms=value("logical-latency-table"),
+        table_p99_ms=value("logical-latency-table-p99"),
     )
 
 

@@ -48,6 +48,20 @@ FIGURES = {
     "small": "relay drain, in-process, 80-byte bodies",
     "small-ceiling": "raw pika async-confirm ceiling, 80-byte bodies",
     "small-floor": "floor relay (bound), 80-byte bodies",
+    "logical-ceiling": "raw pika async-confirm ceiling, 80-byte bodies (logical phase)",
+    "logical-table": "relay drain from the table, in-process, 80-byte bodies (logical phase)",
+    "logical": "relay drain from the log (--capture logical), in-process, 80-byte bodies",
+    "logical-single": "diagnostic: the same from the log, one message a transaction",
+    "logical-enqueue": "one writer: a message emitted into the log, over no message",
+    "logical-enqueue-bare": "one writer: the same emit bare (no library), over no message",
+    "logical-enqueue-nothing": "one writer: a statement writing nothing (SELECT 1), over none",
+    "logical-enqueue-table": "one writer: a message in the table (outbox.enqueue), over none",
+    "logical-latency": "commit-to-consumer p50 ms from the log",
+    "logical-latency-p99": "commit-to-consumer p99 ms from the log",
+    "logical-latency-table": "commit-to-consumer p50 ms from the table",
+    "logical-latency-table-p99": "commit-to-consumer p99 ms from the table",
+    "logical-floor": "the broker's floor p50 ms (raw pika publish to consumer)",
+    "logical-floor-p99": "the broker's floor p99 ms (raw pika publish to consumer)",
 }
 # Figures shown as a ratio to another figure of the same run rather than to the ceiling:
 # (that figure, its name in the table's last column).
@@ -63,6 +77,9 @@ BASES = {
     "neighbour": ("neighbour-alone", "alone"),
     "small": ("small-ceiling", "80-byte ceiling"),
     "small-floor": ("small-ceiling", "80-byte ceiling"),
+    "logical-table": ("logical-ceiling", "80-byte ceiling"),
+    "logical": ("logical-ceiling", "80-byte ceiling"),
+    "logical-single": ("logical-ceiling", "80-byte ceiling"),
 }
 # Rows whose values are not rates: left out of the table, reported below it.
 NOT_RATES = (
@@ -74,8 +91,18 @@ NOT_RATES = (
     "kill",
     "kill-recovery",
     "steady-kill",
+    "logical-enqueue",
+    "logical-enqueue-bare",
+    "logical-enqueue-nothing",
+    "logical-enqueue-table",
+    "logical-latency",
+    "logical-latency-p99",
+    "logical-latency-table",
+    "logical-latency-table-p99",
+    "logical-floor",
+    "logical-floor-p99",
 )
-DIAG = ("store", "publisher", "hot-publisher", "hot-publisher-4")
+DIAG = ("store", "publisher", "hot-publisher", "hot-publisher-4", "logical-single")
 
 
 @dataclass

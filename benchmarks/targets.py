@@ -33,6 +33,15 @@ BESIDE_BROKEN = 0.3
 ENQUEUE_PLAIN = 0.9
 MANY_MESSAGES = 10_000  # messages in the one transaction of the enqueue_many comparison
 MANY_SPEEDUP = 5.0  # their enqueue calls' time over one enqueue_many's, at least
+# Logical capture (benchmarks/logical.py), on 80-byte bodies: the drain from the log over raw
+# pika's ceiling on the same messages, at least; the database's CPU per message relayed from the
+# log (the walsender included) over the table mode's for the same backlog, at most; one writer's
+# transaction with a message emitted into the log over the same without it, at least; and the
+# log's commit-to-consumer p50 over the broker's own floor, at most this many ms more.
+LOGICAL_DRAIN = 0.8
+LOGICAL_DATABASE = 1 / 3
+LOGICAL_ENQUEUE = 0.95
+LOGICAL_LATENCY_MS = 1.0
 
 
 def window_need(rates: Mapping[int, float]) -> int | None:
@@ -65,6 +74,32 @@ def verdict(target: str, met: bool | None, detail: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class LogicalFigures:
+    """The logical phase's medians; None where it did not run or failed."""
+
+    drain: float | None = None  # from the log, msg/s
+    ceiling: float | None = None  # raw pika on the same 80-byte bodies
+    table: float | None = None  # the same backlog from the table
+    single: float | None = None  # diagnostic: a backlog of one message a transaction, from the log
+    single_database_us: float | None = None  # its database CPU per message
+    relay_us: float | None = None  # the relay process's CPU per message, from the log
+    table_relay_us: float | None = None  # and from the table
+    ceiling_us: float | None = None  # raw pika's
+    database_us: float | None = None  # the database's CPU per message, from the log
+    table_database_us: float | None = None  # and from the table
+    enqueue: float | None = None  # commits/s with a message in the log over none (a ratio)
+    enqueue_bare: float | None = None  # with the same emit sent bare, over none
+    enqueue_nothing: float | None = None  # with a statement that writes nothing, over none
+    enqueue_table: float | None = None  # with a message in the table, over none
+    p50_ms: float | None = None  # commit-to-consumer from the log
+    p99_ms: float | None = None
+    floor_p50_ms: float | None = None  # raw pika's publish-to-consumer
+    floor_p99_ms: float | None = None
+    table_p50_ms: float | None = None  # commit-to-consumer from the table
+    table_p99_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Figures:
     """The medians the targets are judged on; None where a phase did not run or failed."""
 
@@ -94,6 +129,7 @@ class Figures:
     relay_us: float | None = None  # the relay's CPU per message of the 1 KB in-process drain
     enqueue_plain: float | None = None  # enqueue's commits/s over a plain INSERT's (a ratio)
     enqueue_many: float | None = None  # enqueue calls' seconds over enqueue_many's (a ratio)
+    logical: LogicalFigures = field(default_factory=LogicalFigures)
 
 
 def _rate_pair(figure: float, bound: float) -> str:
@@ -181,7 +217,7 @@ def target_lines(f: Figures) -> list[str]:
         lines.append(
             f"80-byte bodies: database CPU {f.small_database_us:.0f} us/msg{floor}{beside}"
         )
-    return lines + _enqueue_lines(f)
+    return lines + _enqueue_lines(f) + logical_lines(f.logical)
 
 
 def _enqueue_lines(f: Figures) -> list[str]:
@@ -201,4 +237,90 @@ def _enqueue_lines(f: Figures) -> list[str]:
         )
         met = f.enqueue_many >= MANY_SPEEDUP
         lines.append(verdict(target, met, f"{f.enqueue_many:.1f}x"))
+    return lines
+
+
+def logical_lines(f: LogicalFigures) -> list[str]:
+    """The logical phase's targets, each followed by what the table mode (and the broker) did
+    on the same messages in the same run."""
+    lines = _at_least(
+        f"drain from the log >= {LOGICAL_DRAIN:.1f}x its ceiling (80-byte bodies)",
+        f.drain,
+        f.ceiling,
+        LOGICAL_DRAIN,
+        "log: ",
+    )
+    if lines and f.ceiling:
+        if f.table is not None:
+            pair = _rate_pair(f.table, f.ceiling)
+            lines.append(f"  beside: the table's drain of the same backlog, {pair}")
+        if f.single is not None:
+            pair = _rate_pair(f.single, f.ceiling)
+            lines.append(f"  beside: from the log, one message a transaction, {pair}")
+    if f.database_us is not None:
+        target = (
+            f"database CPU per message from the log <= {LOGICAL_DATABASE:.2f}x the table's "
+            "(walsender included)"
+        )
+        if not f.table_database_us:
+            detail = f"{f.database_us:.1f} us; the table's was not measured"
+            lines.append(verdict(target, None, detail))
+        else:
+            ratio = f.database_us / f.table_database_us
+            detail = f"{f.database_us:.1f} vs {f.table_database_us:.1f} us: {ratio:.2f}x"
+            lines.append(verdict(target, ratio <= LOGICAL_DATABASE, detail))
+            if f.single_database_us is not None:
+                ratio = f.single_database_us / f.table_database_us
+                lines.append(
+                    f"  beside: one message a transaction, {f.single_database_us:.1f} us: "
+                    f"{ratio:.2f}x the table's"
+                )
+    if f.relay_us is not None:
+        each = [f"from the log {f.relay_us:.0f} us"]
+        if f.table_relay_us is not None:
+            each.append(f"from the table {f.table_relay_us:.0f} us")
+        if f.ceiling_us:
+            each.append(f"raw pika {f.ceiling_us:.0f} us")
+            ratios = [f"{f.relay_us / f.ceiling_us:.2f}x"]
+            if f.table_relay_us is not None:
+                ratios.append(f"{f.table_relay_us / f.ceiling_us:.2f}x")
+            each[-1] += f" ({' and '.join(ratios)} raw pika's)"
+        lines.append(f"  beside: the relay's CPU per message, {', '.join(each)}")
+    if f.enqueue is not None:
+        target = (
+            f"one writer's commits with a message in the log >= {LOGICAL_ENQUEUE:.2f}x without it"
+        )
+        lines.append(verdict(target, f.enqueue >= LOGICAL_ENQUEUE, f"{f.enqueue:.2f}x"))
+        beside = []
+        if f.enqueue_bare is not None:
+            beside.append(f"the same emit bare (no library) {f.enqueue_bare:.2f}x")
+        if f.enqueue_nothing is not None:
+            beside.append(f"a statement that writes nothing (SELECT 1) {f.enqueue_nothing:.2f}x")
+        if f.enqueue_table is not None:
+            beside.append(f"a message in the table (outbox.enqueue) {f.enqueue_table:.2f}x")
+        if beside:
+            lines.append(f"  beside: {'; '.join(beside)}")
+    if f.p50_ms is not None:
+        target = (
+            f"commit-to-consumer p50 from the log <= the broker's floor + "
+            f"{LOGICAL_LATENCY_MS:.0f} ms"
+        )
+        if f.floor_p50_ms is None:
+            detail = f"{f.p50_ms:.2f} ms; the floor was not measured"
+            lines.append(verdict(target, None, detail))
+        else:
+            over = f.p50_ms - f.floor_p50_ms
+            detail = f"{f.p50_ms:.2f} vs {f.floor_p50_ms:.2f} ms: {over:+.2f} ms"
+            lines.append(verdict(target, over <= LOGICAL_LATENCY_MS, detail))
+        beside = []
+        if f.p99_ms is not None and f.floor_p99_ms is not None:
+            beside.append(
+                f"p99 from the log {f.p99_ms:.2f} ms, the floor's {f.floor_p99_ms:.2f} ms"
+            )
+        if f.table_p50_ms is not None and f.table_p99_ms is not None:
+            beside.append(
+                f"from the table p50 {f.table_p50_ms:.2f} ms, p99 {f.table_p99_ms:.2f} ms"
+            )
+        if beside:
+            lines.append(f"  beside: {'; '.join(beside)}")
     return lines
