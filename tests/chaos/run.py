@@ -389,7 +389,10 @@ def environment(name: str, database: str = "postgresql") -> Iterator[tuple[str, 
     suffix = uuid.uuid4().hex[:10]
     schema, exchange, queue = f"chaos_{suffix}", f"chaos.{suffix}", f"chaos.{suffix}.q"
     mariadb, logical = database == "mariadb", database == "logical"
-    admin = create_engine(MYSQL_URL if mariadb else PG_URL, isolation_level="AUTOCOMMIT")
+    # Pre-ping: a fault may restart the database under this pooled connection too.
+    admin = create_engine(
+        MYSQL_URL if mariadb else PG_URL, isolation_level="AUTOCOMMIT", pool_pre_ping=True
+    )
     with admin.connect() as conn:
         if mariadb:
             conn.execute(text(f"CREATE DATABASE `{schema}` CHARACTER SET utf8mb4"))
