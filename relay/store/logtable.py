@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
+
+from sqlalchemy import Connection
 
 from relay.errors import ConfigError
 from relay.store.boundary import translated
@@ -53,6 +56,12 @@ class LogTable:
         self._sql = sql
         self._engine = store.engine
 
+    @contextmanager
+    def _conn(self) -> Iterator[Connection]:
+        """A connection of the relay's store, behind its one driver-error boundary."""
+        with translated(self._engine), self._engine.connect() as conn:
+            yield conn
+
     def admit(self, rows: Sequence[Admitted], *, relay_id: str) -> None:
         """Write `rows` into the table, in this order (sql/postgres.sql, admit_logged)."""
         if not rows:
@@ -78,20 +87,20 @@ class LogTable:
             "classes": [r.failure_class for r in rows],
             "outcomes": [r.outcome for r in rows],
         }
-        with translated(self._engine), self._engine.connect() as conn:
+        with self._conn() as conn:
             conn.execute(self._sql.admit_logged, {**columns, "relay_id": relay_id, "now": None})
 
     def mark(self, ids: Sequence[str]) -> int:
         """Mark published the held rows of these messages (sql/postgres.sql, mark_logged)."""
         if not ids:
             return 0
-        with translated(self._engine), self._engine.connect() as conn:
+        with self._conn() as conn:
             return conn.execute(self._sql.mark_logged, {"ids": list(ids), "now": None}).rowcount
 
     def held_keys(self, keys: Collection[str]) -> set[str]:
         """Which of `keys` have a message in the table that holds their later ones."""
         if not keys:
             return set()
-        with translated(self._engine), self._engine.connect() as conn:
+        with self._conn() as conn:
             found = conn.execute(self._sql.held_keys, {"keys": list(keys)})
             return {row[0] for row in found}
