@@ -45,6 +45,7 @@ from relay.errors import (
 )
 from relay.runtime import logs
 from relay.runtime.logs import one_line
+from relay.runtime.settings import MANY_DATABASES
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -123,10 +124,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"outbox-relay: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
+    if config.many_databases and args.command not in MANY_DATABASES:
+        served = ", ".join(sorted(MANY_DATABASES))
+        print(
+            f"outbox-relay: error: {args.command} takes one database (one --db, no --db-file); "
+            f"several are for {served}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     logs.setup(config.log_level)
     for why in replaced_options(args, os.environ):
         log.warning("config.replaced", extra={"why": why})
-    secrets = secrets_of(config.db_url, config.amqp_url)
+    secrets = secrets_of(config.db_url, *config.db_urls, config.amqp_url)
 
     def fail(code: int, message: str) -> int:
         print(one_line(message, secrets), file=sys.stderr)

@@ -50,7 +50,7 @@ def _add(parser: argparse._ActionsContainer, setting: Setting, default: object) 
         dest=setting.dest,
         default=default,
         type=argparse_type(setting.read),
-        action="append" if setting.repeat else "store",
+        action="append" if setting.repeat or setting.many else "store",
         choices=setting.read.choices if isinstance(setting.read, OneOf) else None,
         metavar=setting.metavar,
         help=_help(setting),

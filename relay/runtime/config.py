@@ -33,6 +33,7 @@ from relay.runtime.readers import (
     positive_number,
     rate_limits,
 )
+from relay.runtime.tenancy import Database, database, databases_of
 from relay.runtime.urls import amqp_url, check_amqp_tls, db_url
 
 T = TypeVar("T")
@@ -63,6 +64,10 @@ def kept(default: T, rule: Rule) -> T:
 @dataclass(frozen=True, slots=True)
 class RelayConfig:
     db_url: str = kept(DEFAULT_DB_URL, db_url)
+    # Several databases (relay/runtime/tenancy.py): every --db given, when more than one (db_url
+    # is the first), and a file of them, re-read on SIGHUP.
+    db_urls: tuple[str, ...] = ()
+    db_file: str | None = None
     # One URL, or a cluster's nodes separated by commas.
     amqp_url: str = kept(DEFAULT_AMQP_URL, amqp_url)
     amqp_tls: TlsOptions = field(default_factory=TlsOptions)  # for amqps:// URLs
@@ -124,6 +129,17 @@ class RelayConfig:
     topology: Topology | None = None
 
     @property
+    def many_databases(self) -> bool:
+        """Whether this relay serves a list of databases rather than one (db_url)."""
+        return bool(self.db_urls) or self.db_file is not None
+
+    def databases(self) -> list[Database]:
+        """The databases to serve, named; the file read now (ConfigError when it is wrong)."""
+        if not self.many_databases:
+            return [database(self.db_url, "--db")]
+        return databases_of(self.db_urls, self.db_file)
+
+    @property
     def keyring(self) -> Keyring | None:
         """What signs each exchange's messages (the file's exchanges over the variable's)."""
         try:
@@ -143,6 +159,8 @@ class RelayConfig:
         return self.dead_key == "hold"
 
     def __post_init__(self) -> None:
+        for url in self.db_urls:
+            db_url.check("db_url", url)
         for f in fields(self):
             rule: Rule | None = f.metadata.get("rule")
             value = getattr(self, f.name)

@@ -51,6 +51,8 @@ from relay.runtime.readers import (
 from relay.runtime.urls import amqp_url, db_url
 
 RUN = frozenset({"run"})
+# The commands that serve several databases (--db repeated, --db-file).
+MANY_DATABASES = frozenset({"run", "status", "migrate", "messages"})
 # The commands that talk to the broker; the others need no AMQP URL.
 BROKER_COMMANDS = frozenset({"run", "demo", "demo-producer", "demo-consumer", "topology"})
 
@@ -72,6 +74,9 @@ class Setting:
     secret: bool = False  # may hold a password: a value is never echoed, the default redacted
     blank_refused: bool = False  # an empty variable is read (and refused), not taken as unset
     repeat: bool = False  # repeated flags add up; the variable is comma-separated
+    # Repeatable: the first value goes to `target`, all of them to this field when several are
+    # given (--db). The variable holds one value.
+    many: str | None = None
     switch: bool = False  # --flag / --no-flag (`read` is then `switch`, for the variable)
     # An old flag, still accepted: what the relay logs when it is given (`target` "": no effect).
     replaced: str | None = None
@@ -145,9 +150,14 @@ def _system_cas(value: str | None) -> str:
 
 SETTINGS: tuple[Setting, ...] = (
     # Global options: every command accepts them, before or after its name.
-    Setting("--db", "OUTBOX_DB_URL", "db_url", db_url, "SQLAlchemy database URL",
-            commands=None, not_for=frozenset({"demo"}), everywhere=True, metavar="URL",
-            secret=True),
+    Setting("--db", "OUTBOX_DB_URL", "db_url", db_url,
+            "SQLAlchemy database URL; repeat it to serve several databases (run, status, "
+            "migrate, messages)", commands=None, not_for=frozenset({"demo"}), everywhere=True,
+            metavar="URL", secret=True, many="db_urls"),
+    Setting("--db-file", "OUTBOX_DB_FILE", "db_file", readable_file,
+            "a file of databases to serve, one URL or NAME = URL per line; `run` reads it "
+            "again on SIGHUP", commands=MANY_DATABASES, everywhere=True, show=_none_text,
+            metavar="FILE"),
     Setting("--amqp", "OUTBOX_AMQP_URL", "amqp_url", amqp_url,
             "AMQP URL of the broker; a cluster's nodes as several URLs separated by commas, "
             "tried in order",
@@ -299,7 +309,12 @@ def resolve(command: str, flags: Mapping[str, Any], environ: Mapping[str, str]) 
     values: dict[str, Any] = {}
     for setting in SETTINGS:  # the new name comes first in SETTINGS: it wins
         if setting.target and setting.target not in values and flags.get(setting.dest) is not None:
-            values[setting.target] = flags[setting.dest]
+            value = flags[setting.dest]
+            if setting.many is not None:
+                if len(value) > 1:
+                    values[setting.many] = tuple(value)
+                value = value[0]
+            values[setting.target] = value
     for setting in SETTINGS:
         if flags.get(setting.dest) is None and _from_env(setting, command, environ):
             value = setting.from_env(environ[setting.env or ""])  # checked even when unused
