@@ -269,8 +269,11 @@ Done = Callable[[list[Outcome]], None]
 
 
 class Publisher(Protocol):
-    ready: bool  # connected, with somewhere to publish
-    blocked: bool  # the broker pushes back (a resource alarm): publish nothing new
+    @property
+    def ready(self) -> bool: ...  # connected, with somewhere to publish
+
+    @property
+    def blocked(self) -> bool: ...  # the broker pushes back (a resource alarm): publish nothing new
 
     def encode(
         self, row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None

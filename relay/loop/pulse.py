@@ -26,6 +26,7 @@ mid-drain has its rows taken over within 3-3.5 s.
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import logging
 import threading
@@ -74,7 +75,13 @@ class Pulse:
         self._stop.clear()
         self._nudge.clear()
         self.beat_once()
-        self._thread = threading.Thread(target=self._run, name="relay-heartbeat", daemon=True)
+        self._thread = threading.Thread(
+            # in the context it was made in: its log lines name the same database
+            target=contextvars.copy_context().run,
+            args=(self._run,),
+            name="relay-heartbeat",
+            daemon=True,
+        )
         self._thread.start()
 
     def stop(self) -> None:

@@ -146,6 +146,7 @@ class Relay:
         # When the loop last turned (for /healthz): one stuck in a call goes stale.
         self.heartbeat = clock()
         self._crashed = False  # run() is ending on an exception: release_all abandons
+        self._database_error: str | None = None  # the last database failure (database_error)
 
     # ----------------------------------------------------------------- control
 
@@ -164,6 +165,11 @@ class Relay:
     def problem(self) -> str | None:
         """Why this relay cannot do its work, or None (for /healthz)."""
         return self.pulse.problem(self._clock())
+
+    @property
+    def database_error(self) -> str | None:
+        """Why the database failed, while it has failed since the last claim that succeeded."""
+        return self._database_error if self.claimer.db_attempt else None
 
     @property
     def in_flight(self) -> int:
@@ -377,6 +383,7 @@ class Relay:
     def _db_failed(self, what: str, exc: Exception) -> None:
         self.maintenance.database_failed()  # a claim may have been made unheard of
         wait = self.claimer.back_off()
+        self._database_error = str(exc)
         extra = {"during": what, "error": str(exc), "attempt": self.claimer.db_attempt,
                  "retry_in": round(wait, 3)}  # fmt: skip
         log.error("relay.db_error", extra=extra)

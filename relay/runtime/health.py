@@ -4,8 +4,9 @@
               names none), else 503 with the reason: a stuck relay, or one whose heartbeat
               fails, is restarted by its orchestrator.
     /readyz   200 when the database answers and the broker connection is open, else 503 with a
-              JSON body saying which is not; `broker_node` names the node (host:port) of the
-              broker, or of its cluster, the relay is connected to.
+              JSON body saying which is not (several databases: each one's state, and ready
+              while the broker and at least one database are); `broker_node` names the node
+              (host:port) of the broker, or of its cluster, the relay is connected to.
     /metrics  the relay's OpenTelemetry metrics in the Prometheus text format.
 
 It runs in a daemon thread and only reads: it never touches the loop's state beyond one timestamp.
@@ -37,12 +38,14 @@ class HealthServer:
         *,
         heartbeat: Callable[[], float],
         stale_after: float,
-        database: Callable[[], None],
+        database: Callable[[], None] | None = None,
         broker_ready: Callable[[], bool],
         registry: CollectorRegistry | None,
         clock: Callable[[], float] = time.monotonic,
         problem: Callable[[], str | None] = lambda: None,  # why the relay cannot work, if so
         broker_node: Callable[[], str | None] = lambda: None,  # host:port connected to, if any
+        # Several databases: each one's state ("ok" or why not), instead of `database`.
+        databases: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         server = self
 
@@ -61,6 +64,7 @@ class HealthServer:
         self._heartbeat = heartbeat
         self._stale_after = stale_after
         self._database = database
+        self._databases = databases
         self._broker_ready = broker_ready
         self._broker_node = broker_node
         self._registry = registry
@@ -94,9 +98,12 @@ class HealthServer:
                 body["problem"] = problem
             return _json(200 if ok else 503, body)
         if path == "/readyz":
+            if self._databases is not None:
+                return self._ready_many(self._databases())
             checks: dict[str, str] = {}
             try:
-                self._database()
+                if self._database is not None:
+                    self._database()
                 checks["database"] = "ok"
             except Exception as exc:
                 checks["database"] = str(exc).splitlines()[0] if str(exc) else repr(exc)
@@ -112,6 +119,23 @@ class HealthServer:
                 return 404, "text/plain", b"metrics are off\n"
             return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
         return _json(404, {"error": f"no such path; try {', '.join(PATHS)}"})
+
+    def _ready_many(self, databases: dict[str, str]) -> tuple[int, str, bytes]:
+        """Ready while the broker is and at least one database is: the others are retried on
+        their own, and this relay serves the rest meanwhile."""
+        broker = "ok" if self._broker_ready() else "not connected"
+        serving = sum(state == "ok" for state in databases.values())
+        ok = broker == "ok" and serving > 0
+        body: dict[str, Any] = {
+            "status": "ok" if ok else "not ready",
+            "broker": broker,
+            "databases_ready": f"{serving}/{len(databases)}",
+            "databases": databases,
+        }
+        node = self._broker_node()
+        if node is not None:
+            body["broker_node"] = node
+        return _json(200 if ok else 503, body)
 
 
 def _json(status: int, body: dict[str, Any]) -> tuple[int, str, bytes]:

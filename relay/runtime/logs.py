@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 import sys
@@ -16,6 +17,21 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # whole statement.
 MAX_LINE = 600
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+# The database a thread works for, when one relay serves several (relay/runtime/tenants.py): every
+# line it logs says `database=NAME`. Threads it starts take it with them (contextvars.copy_context).
+DATABASE: contextvars.ContextVar[str | None] = contextvars.ContextVar("database", default=None)
+_make_record = logging.getLogRecordFactory()
+
+
+def _record(*args: object, **kwargs: object) -> logging.LogRecord:
+    record = _make_record(*args, **kwargs)
+    name = DATABASE.get()
+    if name is not None and "database" not in record.__dict__:
+        record.database = name
+    return record
+
+
+logging.setLogRecordFactory(_record)
 
 
 class LogfmtFormatter(logging.Formatter):

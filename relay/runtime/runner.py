@@ -180,6 +180,10 @@ def _broker_node(relay: list[Relay]) -> str | None:
 def run_relay(config: RelayConfig) -> int:
     telemetry = setup(prometheus=bool(config.http_port))
     try:
+        if config.many_databases:
+            from relay.runtime.tenants import run_many
+
+            return run_many(config, telemetry)
         return _run(config, telemetry)
     finally:
         telemetry.shutdown()  # flushes the last spans of the drain

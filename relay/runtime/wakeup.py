@@ -14,6 +14,7 @@ polls. A direct connection needs no probe: LISTEN is carried there.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -54,7 +55,13 @@ class Listener:
         self._secrets = secrets_of(db_url)
         self._on_notify = on_notify
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="listen", daemon=True)
+        self._thread = threading.Thread(
+            # in the context it was made in: its log lines name the same database
+            target=contextvars.copy_context().run,
+            args=(self._run,),
+            name="listen",
+            daemon=True,
+        )
         self.failures = 0  # consecutive failed attempts (0: listening, or not yet tried)
         self.carried: bool | None = None  # whether LISTEN reaches this relay (None: not known)
 
