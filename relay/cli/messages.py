@@ -1,7 +1,9 @@
 """Operator commands: messages, show, replay, discard, cancel, reschedule, prioritize (and
 per-exchange status).
 
-Each prints a readable table, or JSON with --json; bad usage exits 2 with one line.
+Each prints a readable table, or JSON with --json; bad usage exits 2 with one line. Given several
+databases (relay/cli/each.py), `messages` lists them all, each row naming its database, and `show`
+finds the one that holds the id; the commands that change messages take one database.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sqlalchemy import Engine
 from tqdm import tqdm
 
 from outbox.states import State
+from relay.cli import each
 from relay.cli.options import Commands, Handler, argparse_type
 from relay.core.durations import parse_duration, parse_moment
 from relay.errors import ConfigError
@@ -180,19 +183,68 @@ _WIDTHS = {"exchange": 24, "routing_key": 24, "last_error": 60}
 def cmd_messages(config: RelayConfig, args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise ConfigError("--limit must be at least 1")
-    with operator_engine(config) as engine:
-        rows = admin.list_messages(engine, _filter(args, utc_now()), args.limit)
+    flt = _filter(args, utc_now())
+    found = each.targets(config)
+    if len(found) > 1:
+        return _messages_each(found, args, flt)
+    rows = _listed(found[0].config, flt, args.limit)
     if args.json:
         print(json.dumps([jsonable(r) for r in rows], default=str))
         return 0
-    cells = [message_cells(r, _WIDTHS) for r in rows]
-    print(table(
-        [[c[column] for column in _COLUMNS] for c in cells],
-        ["id", "state", "att", "exchange", "routing key", "created", "last error"],
-    ))  # fmt: skip
+    print(_messages_table(rows, []))
     if len(rows) == args.limit:
         print(f"(first {args.limit}; raise --limit for more)", file=sys.stderr)
     return 0
+
+
+def _listed(config: RelayConfig, flt: admin.MessageFilter, limit: int) -> list[dict[str, Any]]:
+    with operator_engine(config) as engine:
+        return admin.list_messages(engine, flt, limit)
+
+
+def _messages_table(rows: list[dict[str, Any]], first: list[str]) -> str:
+    """The rows as `messages` prints them; the fields in `first` (`database`) before the rest."""
+    cells = [message_cells(r, _WIDTHS) for r in rows]
+    return table(
+        [[*(str(r[f]) for f in first), *(c[column] for column in _COLUMNS)]
+         for r, c in zip(rows, cells, strict=True)],
+        [*first, "id", "state", "att", "exchange", "routing key", "created", "last error"],
+    )  # fmt: skip
+
+
+def _messages_each(
+    found: list[each.Target], args: argparse.Namespace, flt: admin.MessageFilter
+) -> int:
+    """`messages` with several databases: the filters on each, the newest --limit of them all
+    in one list, each row naming its database; a database that failed is said on stderr."""
+    answers = list(each.each_database(found, args, lambda c: _listed(c, flt, args.limit)))
+    rows, full = [], False
+    for answer in answers:
+        if isinstance(answer.value, each.Failed):
+            print(each.failure_line("messages", answer.name, answer.value), file=sys.stderr)
+            continue
+        rows += [{"database": answer.name, **row} for row in answer.value]
+        full = full or len(answer.value) == args.limit
+    # Newest first across databases, by creation time: seq is each database's own. Stable, so
+    # ties keep each database's order.
+    rows.sort(key=_created, reverse=True)
+    shown = rows[: args.limit]
+    if args.json:
+        print(json.dumps([jsonable(r) for r in shown], default=str))
+    else:
+        print(_messages_table(shown, ["database"]))
+        if full or len(rows) > args.limit:
+            print(f"(first {args.limit}; raise --limit for more)", file=sys.stderr)
+    return each.exit_code(answers)
+
+
+def _created(row: dict[str, Any]) -> dt.datetime:
+    created = row.get("created_at")
+    # A hand-edited row may hold anything there: it sorts last.
+    return created if isinstance(created, dt.datetime) else _NEVER
+
+
+_NEVER = dt.datetime.min.replace(tzinfo=dt.UTC)
 
 
 def _bytes(value: Any) -> bytes:
@@ -205,31 +257,63 @@ def _bytes(value: Any) -> bytes:
 
 
 def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
-    with operator_engine(config) as engine:
-        found = admin.get_message(engine, args.id)
-    if found is None:
+    found = each.targets(config)
+    if len(found) > 1:
+        return _show_each(found, args)
+    message = _message(found[0].config, args.id)
+    if message is None:
         print(f"outbox-relay: show: no message with id {args.id}", file=sys.stderr)
         return 1
+    _show(message, args)
+    return 0
+
+
+def _message(config: RelayConfig, message_id: uuid.UUID) -> dict[str, Any] | None:
+    with operator_engine(config) as engine:
+        return admin.get_message(engine, message_id)
+
+
+def _show_each(found: list[each.Target], args: argparse.Namespace) -> int:
+    """`show` with several databases: the message from the one that holds it (ids are unique:
+    the first found is the one), which `database` names."""
+    failures = []
+    for answer in each.each_database(found, args, lambda c: _message(c, args.id)):
+        if isinstance(answer.value, each.Failed):
+            failures.append(each.failure_line("show", answer.name, answer.value))
+        elif answer.value is not None:
+            _show(answer.value, args, answer.name)
+            return 0
+    for line in failures:  # the message may be in one of these
+        print(line, file=sys.stderr)
+    where = " in the databases that answered" if failures else ""
+    print(f"outbox-relay: show: no message with id {args.id}{where}", file=sys.stderr)
+    return 1
+
+
+def _show(found: dict[str, Any], args: argparse.Namespace, database: str = "") -> None:
+    """The message, as `show` prints it; named by its `database` when one is given."""
+    named = {"database": database} if database else {}
     payload = _bytes(found.pop("payload"))
     if args.json:
-        out = jsonable(found)
+        out = {**named, **jsonable(found)}
         try:
             out["payload"] = payload.decode("utf-8")
         except UnicodeDecodeError:
             out["payload"] = None
         out["payload_bytes"] = len(payload)
         print(json.dumps(out, default=str))  # a hand-corrupted row may hold any type
-        return 0
+        return
     history = found.pop("attempt_history")
+    row = {**named, **found}
     fields = [
-        "id", "state", "exchange", "routing_key", "key", "content_type", "priority", "attempts",
-        "max_attempts", "created_at", "available_at", "published_at", "last_failed_at",
+        *named, "id", "state", "exchange", "routing_key", "key", "content_type", "priority",
+        "attempts", "max_attempts", "created_at", "available_at", "published_at", "last_failed_at",
         "last_error", "replay_count", "replayed_at", "idempotency_key", "traceparent",
         "lease_owner", "lease_expires_at",
     ]  # fmt: skip
     width = max(len(f) for f in fields)
     for f in fields:
-        print(f"{f:<{width}}  {cell(found.get(f))}")
+        print(f"{f:<{width}}  {cell(row.get(f))}")
     headers = found.get("headers") or {}
     # json.dumps escapes control characters itself; a row whose headers are not a mapping is
     # shown as stored, escaped.
@@ -248,7 +332,6 @@ def cmd_show(config: RelayConfig, args: argparse.Namespace) -> int:
          for h in history],
         ["attempt", "at", "outcome", "class", "by", "next attempt", "error"],
     ) if history else "no failed attempts")  # fmt: skip
-    return 0
 
 
 def _has_filter(args: argparse.Namespace) -> bool:

@@ -52,7 +52,7 @@ from relay.runtime.urls import amqp_url, db_url
 
 RUN = frozenset({"run"})
 # The commands that serve several databases (--db repeated, --db-file).
-MANY_DATABASES = frozenset({"run", "status", "migrate", "messages"})
+MANY_DATABASES = frozenset({"run", "status", "migrate", "messages", "show"})
 # The commands that talk to the broker; the others need no AMQP URL.
 BROKER_COMMANDS = frozenset({"run", "demo", "demo-producer", "demo-consumer", "topology"})
 
