@@ -28,6 +28,7 @@ class Chunk:
     outcomes: list[Outcome | None] = field(default_factory=list)
     remaining: int = 0
     chain: Hashable | None = None  # one at a time, each after the one before it is confirmed
+    lane: Hashable = None  # whose channels it goes on (Publisher.publish)
     # Message index -> the nacks it got so far: each is resent on a fresh channel while
     # relay/amqp/nacks.py allows (a quorum queue electing a leader), then reported.
     nacks: dict[int, int] = field(default_factory=dict)
@@ -38,9 +39,10 @@ Entry = tuple[Chunk, int]
 
 @dataclass(slots=True, eq=False)
 class Chan:
-    """The confirm channel of one exchange, and what is waiting on it."""
+    """The confirm channel of one exchange (in one lane), and what is waiting on it."""
 
     exchange: str
+    lane: Hashable = None
     channel: Any = None  # set once confirm mode is on
     next_tag: int = 0
     unconfirmed: dict[int, Entry] = field(default_factory=dict)
@@ -49,6 +51,10 @@ class Chan:
     # it is closed once what it has in flight is answered.
     retired: bool = False
     acked: bool = False  # a confirm came on it: a nack after that is the destination's
+
+    @property
+    def key(self) -> tuple[Hashable, str]:
+        return (self.lane, self.exchange)
 
 
 def report(chunk: Chunk) -> None:

@@ -124,7 +124,7 @@ class Publisher:
         self._woken: socket.socket | None = None  # its read end, polled from start() to stop()
         self._wake: socket.socket | None = None
         self._conn: Any = None
-        self._chans: OrderedDict[str, Chan] = OrderedDict()  # least recently used first
+        self._chans: OrderedDict[tuple[Hashable, str], Chan] = OrderedDict()  # LRU first
         # Nacked channels: nothing more is sent on them; closed once their messages are answered.
         self._retired: dict[Chan, None] = {}
         self._resend_pauses = resend_pauses
@@ -254,13 +254,20 @@ class Publisher:
         return f"{self._all_urls}: {'; '.join(reasons)}"
 
     def publish(
-        self, items: Sequence[Outgoing], done: Done, *, chain: Hashable | None = None
+        self,
+        items: Sequence[Outgoing],
+        done: Done,
+        *,
+        chain: Hashable | None = None,
+        lane: Hashable = None,
     ) -> None:
         """Publish a chunk; `done(outcomes)` is called from `wait()` once the broker has answered
         every message (at once when none can be sent). A chain's chunks go one message at a
-        time (ports.Publisher.publish)."""
+        time (ports.Publisher.publish). Each `lane` has channels of its own (one per exchange):
+        one database's messages never wait for another's confirms on a shared channel
+        (relay/amqp/shared.py)."""
         with untraced():
-            self._publish(Chunk(items, done, time.monotonic(), chain=chain))
+            self._publish(Chunk(items, done, time.monotonic(), chain=chain, lane=lane))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close the connection; unanswered messages are reported UNCONFIRMED or NOT_SENT."""
@@ -368,22 +375,23 @@ class Publisher:
 
     # ----------------------------------------------------------------- channels
 
-    def _chan(self, exchange: str) -> Chan:
-        chan = self._chans.get(exchange)
+    def _chan(self, exchange: str, lane: Hashable) -> Chan:
+        key = (lane, exchange)
+        chan = self._chans.get(key)
         if chan is not None:
-            self._chans.move_to_end(exchange)
+            self._chans.move_to_end(key)
             return chan
         if len(self._chans) >= MAX_CHANNELS:
             self._close_idle_channel()
-        chan = Chan(exchange)
-        self._chans[exchange] = chan
+        chan = Chan(exchange, lane)
+        self._chans[key] = chan
         self._conn.channel(on_open_callback=lambda ch: self._on_channel_open(chan, ch))
         return chan
 
     def _close_idle_channel(self) -> None:
-        for exchange, chan in self._chans.items():
+        for key, chan in self._chans.items():
             if chan.channel is not None and not chan.unconfirmed and not chan.queued:
-                del self._chans[exchange]
+                del self._chans[key]
                 with contextlib.suppress(Exception):  # already closing is fine
                     chan.channel.close()
                 return
@@ -397,7 +405,7 @@ class Publisher:
         )
 
     def _on_confirm_ok(self, chan: Chan, channel: Any) -> None:
-        if self._chans.get(chan.exchange) is not chan:
+        if self._chans.get(chan.key) is not chan:
             return  # replaced while opening (the connection was lost meanwhile)
         chan.channel = channel
         chan.next_tag = 0
@@ -407,8 +415,8 @@ class Publisher:
                 self._send(chan, chunk, i)
 
     def _on_channel_closed(self, chan: Chan, reason: BaseException) -> None:
-        if self._chans.get(chan.exchange) is chan:
-            del self._chans[chan.exchange]
+        if self._chans.get(chan.key) is chan:
+            del self._chans[chan.key]
         self._retired.pop(chan, None)
         if isinstance(reason, ChannelClosedByBroker) and reason.reply_code == 404:
             text = str(reason.reply_text)
@@ -447,7 +455,7 @@ class Publisher:
         with self._conn.coalesced():  # the whole chunk in one write (relay/amqp/coalesce.py)
             for i, item in enumerate(chunk.items):
                 if chan is None or chan.exchange != item.exchange:
-                    chan = self._chan(item.exchange)
+                    chan = self._chan(item.exchange, chunk.lane)
                 self._send_or_queue(chan, chunk, i)
 
     def _next_in_chain(self, chunk: Chunk, i: int) -> None:
@@ -460,7 +468,7 @@ class Publisher:
             return
         chunk.sent_at = time.monotonic()  # the confirm timeout counts from this message's send
         with self._conn.coalesced():  # its three frames in one write
-            self._send_or_queue(self._chan(chunk.items[i].exchange), chunk, i)
+            self._send_or_queue(self._chan(chunk.items[i].exchange, chunk.lane), chunk, i)
 
     def _send_or_queue(self, chan: Chan, chunk: Chunk, i: int) -> None:
         if chan.channel is None:
@@ -545,8 +553,8 @@ class Publisher:
         if chan.retired:
             return
         chan.retired = True
-        if self._chans.get(chan.exchange) is chan:
-            del self._chans[chan.exchange]  # the exchange's next message opens a new channel
+        if self._chans.get(chan.key) is chan:
+            del self._chans[chan.key]  # the exchange's next message opens a new channel
         self._retired[chan] = None
         log.debug("broker.nacked", extra={"exchange": chan.exchange, "node": self.node})
 
@@ -564,7 +572,7 @@ class Publisher:
             self._answer(chunk, i, outcome)
             return
         with self._conn.coalesced():
-            self._send_or_queue(self._chan(chunk.items[i].exchange), chunk, i)
+            self._send_or_queue(self._chan(chunk.items[i].exchange, chunk.lane), chunk, i)
 
     def _answer(self, chunk: Chunk, i: int, outcome: Outcome) -> None:
         if chunk.outcomes[i] is not None:
@@ -636,8 +644,8 @@ class Publisher:
             log.warning(
                 "broker.confirm_timeout", extra={"broker": self._url, "exchange": chan.exchange}
             )
-            if self._chans.get(chan.exchange) is chan:
-                del self._chans[chan.exchange]
+            if self._chans.get(chan.key) is chan:
+                del self._chans[chan.key]
             self._retired.pop(chan, None)
             why = f"no confirm within {self._confirm_timeout:g} s"
             self._fail_chan(chan, Fate.UNCONFIRMED, why, Fate.NOT_SENT)

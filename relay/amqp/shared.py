@@ -137,7 +137,7 @@ class Share:
         named = None if chain is None else (self._tag, chain)
         real = self._real
         self._unanswered += 1
-        self._broker.call(lambda: real.publish(items, answered, chain=named))
+        self._broker.call(lambda: real.publish(items, answered, chain=named, lane=self._tag))
 
     def wait(self, timeout: float) -> None:
         """Take the broker's answers (calling their `done`) and what the watched sockets say,
