@@ -152,7 +152,7 @@ SETTINGS: tuple[Setting, ...] = (
     # Global options: every command accepts them, before or after its name.
     Setting("--db", "OUTBOX_DB_URL", "db_url", db_url,
             "SQLAlchemy database URL; repeat it to serve several databases (run, status, "
-            "migrate, messages)", commands=None, not_for=frozenset({"demo"}), everywhere=True,
+            "migrate, messages, show)", commands=None, not_for=frozenset({"demo"}), everywhere=True,
             metavar="URL", secret=True, many="db_urls"),
     Setting("--db-file", "OUTBOX_DB_FILE", "db_file", readable_file,
             "a file of databases to serve, one URL or NAME = URL per line; `run` reads it "

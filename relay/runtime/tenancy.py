@@ -25,7 +25,7 @@ from relay.runtime.urls import parse_db_url
 # What a NAME may hold: it is a Prometheus label value and a logfmt field, read by people.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 # `NAME = URL`: the name before the first '=' that is followed by a URL's scheme.
-_NAMED = re.compile(r"^\s*([^=\s]+)\s*=\s*([A-Za-z][A-Za-z0-9+.-]*://.*)$")
+_NAMED = re.compile(r"^\s*([^=]+?)\s*=\s*([A-Za-z][A-Za-z0-9+.-]*://.*)$")
 # search_path in libpq's options: `-csearch_path=tenant_7` or `-c search_path=tenant_7,public`.
 _SEARCH_PATH = re.compile(r"-c\s*search_path\s*=\s*([^\s,]+)")
 

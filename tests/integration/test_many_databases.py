@@ -1,0 +1,280 @@
+"""One relay process serving several databases (`run --db-file`, `run --db --db`), on the real
+PostgreSQL, MariaDB, SQLite and RabbitMQ: every database drained, each key in order; log lines and
+metrics name the database; /readyz lists each one; SIGHUP adds and removes databases; a database
+that cannot be reached is retried on its own while the others go on, and catches up once back."""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+import outbox
+from tests.support.broker import Broker, Delivery
+from tests.support.cli import assert_one_line_error, cli, environment
+from tests.support.db import PG_ADMIN_URL, make_app_engine, row_count
+from tests.support.ports import free_port
+from tests.support.proxy import TcpProxy
+from tests.support.templates import Templates
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+class Relay:
+    """`outbox-relay run` over several databases, as a process, its log lines read as they come."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        argv = [sys.executable, "-m", "relay", "run", "--poll-interval", "0.1",
+                "--http-port", str(self.port), "--http-host", "127.0.0.1", *args]  # fmt: skip
+        self.process = subprocess.Popen(
+            argv, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        with self.process.stdout:
+            for line in self.process.stdout:
+                self.lines.append(line)
+
+    def said(self, *words: str, timeout: float = 30.0) -> str:
+        def found() -> str | None:
+            return next((line for line in self.lines if all(w in line for w in words)), None)
+
+        wait_until(lambda: found() is not None, timeout=timeout, what=" ".join(words))
+        line = found()
+        assert line is not None
+        return line
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode()
+
+    def ready(self) -> dict[str, Any]:
+        _status, body = self.get("/readyz")
+        return dict(json.loads(body))
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def stop(self) -> tuple[int, str]:
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=60)
+        self._reader.join(timeout=5)
+        return code, "".join(self.lines)
+
+
+@pytest.fixture
+def relays() -> Iterator[list[Relay]]:
+    started: list[Relay] = []
+    yield started
+    for relay in started:
+        if relay.process.poll() is None:
+            relay.process.kill()
+            relay.process.wait(timeout=30)
+
+
+@pytest.fixture
+def sqlite_dbs(tmp_path: Path, templates: Templates) -> Iterator[dict[str, Engine]]:
+    """Three SQLite tenants, migrated: name -> application engine."""
+    engines = {}
+    for name in ("acme", "globex", "initech"):
+        engine = make_app_engine(f"sqlite:///{tmp_path / name}.db")
+        templates.migrate(engine)
+        engines[name] = engine
+    yield engines
+    for engine in engines.values():
+        engine.dispose()
+
+
+@pytest.fixture
+def pg_schemas(pg_admin: Engine, templates: Templates) -> Iterator[dict[str, Engine]]:
+    """Two PostgreSQL schema-per-tenant tenants in one database: name -> application engine."""
+    names = [f"tenant_{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    engines = {}
+    for name in names:
+        with pg_admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{name}"')
+        engine = make_app_engine(f"{PG_ADMIN_URL}?options=-csearch_path%3D{name}")
+        templates.migrate(engine)
+        engines[name] = engine
+    yield engines
+    for name, engine in engines.items():
+        engine.dispose()
+        with pg_admin.connect() as conn:
+            conn.exec_driver_sql("SET lock_timeout = '10s'")
+            conn.exec_driver_sql(f'DROP SCHEMA "{name}" CASCADE')
+
+
+def url_of(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=False)
+
+
+def enqueue(engine: Engine, exchange: str, tenant: str, count: int) -> dict[str, list[uuid.UUID]]:
+    """`count` messages on 3 keys of `tenant`'s own: key -> ids in order."""
+    sent: dict[str, list[uuid.UUID]] = {}
+    with Session(engine) as session, session.begin():
+        for n in range(count):
+            key = f"{tenant}-k{n % 3}"
+            message_id = outbox.enqueue(
+                session, exchange=exchange, routing_key=tenant, payload={"n": n}, key=key
+            )
+            sent.setdefault(key, []).append(message_id)
+    return sent
+
+
+def in_key_order(received: list[Delivery], sent: dict[str, list[uuid.UUID]]) -> bool:
+    got = [d.message_id for d in received]
+    wanted = [[str(i) for i in ids] for ids in sent.values()]
+    return all([i for i in got if i in set(ids)] == ids for ids in wanted)
+
+
+def every(sent: dict[str, list[uuid.UUID]]) -> list[uuid.UUID]:
+    return [i for ids in sent.values() for i in ids]
+
+
+def settled(engine: Engine) -> bool:
+    return row_count(engine, state="pending") == 0
+
+
+def write_file(path: Path, tenants: dict[str, Engine]) -> str:
+    lines = ["# the tenants this relay serves", ""]
+    lines += [f"{name} = {url_of(engine)}" for name, engine in tenants.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_one_relay_drains_every_database_each_key_in_order_and_names_them(
+    tmp_path: Path,
+    sqlite_dbs: dict[str, Engine],
+    pg_schemas: dict[str, Engine],
+    mysql_url: str,
+    templates: Templates,
+    broker: Broker,
+    relays: list[Relay],
+) -> None:
+    maria = make_app_engine(mysql_url)
+    templates.migrate(maria)
+    tenants = {**sqlite_dbs, **pg_schemas, "maria": maria}
+    sent: dict[str, list[uuid.UUID]] = {}
+    for name, engine in tenants.items():
+        sent.update(enqueue(engine, broker.exchange, name, 60))
+    relay = Relay("--db-file", write_file(tmp_path / "dbs.txt", tenants))
+    relays.append(relay)
+    total = sum(len(ids) for ids in sent.values())
+    received = broker.collect(lambda got: len(got) >= total, timeout=60, what="every tenant's")
+    assert in_key_order(received, sent)
+    for name, engine in tenants.items():
+        wait_until(functools.partial(settled, engine), what=f"{name} settled")
+    ready = relay.ready()
+    assert ready["status"] == "ok"
+    assert ready["databases"] == {name: "ok" for name in sorted(tenants)}
+    assert ready["databases_ready"] == f"{len(tenants)}/{len(tenants)}"
+    _status, metrics = relay.get("/metrics")
+    for name in tenants:
+        assert f'database="{name}"' in metrics
+        relay.said("relay.started", f"database={name}")
+    code, log = relay.stop()
+    assert code == 0, log
+    for name in tenants:
+        assert f"relay.stopped database={name} published=60" in log, log
+    assert "Traceback" not in log
+    maria.dispose()
+
+
+def test_sighup_adds_a_database_and_drains_then_stops_a_removed_one(
+    tmp_path: Path, sqlite_dbs: dict[str, Engine], broker: Broker, relays: list[Relay]
+) -> None:
+    acme, globex, initech = (sqlite_dbs[n] for n in ("acme", "globex", "initech"))
+    path = tmp_path / "dbs.txt"
+    relay = Relay("--db-file", write_file(path, {"acme": acme, "globex": globex}))
+    relays.append(relay)
+    relay.said("relay.started", "database=globex")
+    first = enqueue(acme, broker.exchange, "acme", 10)
+    broker.collect_ids(every(first), timeout=30)
+    write_file(path, {"globex": globex, "initech": initech})
+    relay.signal(signal.SIGHUP)
+    relay.said("relay.stopped", "database=acme")
+    relay.said("relay.started", "database=initech")
+    wait_until(lambda: set(relay.ready()["databases"]) == {"globex", "initech"})
+    added = enqueue(initech, broker.exchange, "initech", 10)
+    broker.collect_ids(every(added), timeout=30)
+    enqueue(acme, broker.exchange, "acme", 5)  # no longer served: it waits
+    path.write_text("this line is not a database\n")
+    relay.signal(signal.SIGHUP)
+    relay.said("relay.reload_failed", "dbs.txt:1")
+    assert set(relay.ready()["databases"]) == {"globex", "initech"}
+    code, log = relay.stop()
+    assert code == 0, log
+    assert row_count(acme, state="pending") == 5
+
+
+def test_an_unreachable_database_is_retried_on_its_own_and_catches_up(
+    pg_schemas: dict[str, Engine],
+    sqlite_dbs: dict[str, Engine],
+    broker: Broker,
+    relays: list[Relay],
+) -> None:
+    (far_name, far), (_, near_pg) = pg_schemas.items()
+    acme = sqlite_dbs["acme"]
+    with TcpProxy("127.0.0.1", 5432) as proxy:
+        far_url = proxy.url_for(url_of(far), 5432)
+        proxy.cut()
+        relay = Relay("--db", f"{far_url}", "--db", url_of(acme), "--db", url_of(near_pg))
+        relays.append(relay)
+        relay.said("relay.database_unavailable", f"database={far_name}")
+        waiting = enqueue(far, broker.exchange, far_name, 30)  # written directly, not via the proxy
+        near = enqueue(acme, broker.exchange, "acme", 30)
+        broker.collect_ids(every(near), timeout=30)
+        status, body = relay.get("/readyz")
+        ready = json.loads(body)
+        assert status == 200, body
+        assert ready["databases"]["acme"] == "ok"
+        assert ready["databases"][far_name] != "ok"
+        assert ready["databases_ready"] == "2/3"
+        proxy.restore()
+        received = broker.collect_ids(every(waiting), timeout=40)
+        assert in_key_order(received, waiting)
+        wait_until(lambda: relay.ready()["databases"][far_name] == "ok")
+        # cut again while it runs: the others go on, and so does it once back
+        proxy.cut()
+        more_near = enqueue(acme, broker.exchange, "acme", 10)
+        broker.collect_ids(every(more_near), timeout=30)
+        more_far = enqueue(far, broker.exchange, far_name, 10)
+        proxy.restore()
+        broker.collect_ids(every(more_far), timeout=60)
+        code, log = relay.stop()
+    assert code == 0, log
+
+
+def test_a_wrong_database_list_is_a_usage_error_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "dbs.txt"
+    path.write_text("a = sqlite:///a.db\nb = sqlite:///a.db\n")
+    line = assert_one_line_error(cli("run", "--db-file", str(path), cwd=tmp_path), 2)
+    assert "'a' and 'b' have the same URL" in line
+    line = assert_one_line_error(
+        cli("run", "--db", "sqlite:///a.db", "--db", "sqlite:///b.db", "--capture", "logical",
+            cwd=tmp_path),
+        2,
+    )  # fmt: skip
+    assert "--capture logical serves one database" in line
