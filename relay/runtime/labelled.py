@@ -30,6 +30,8 @@ from opentelemetry.metrics import (
 from opentelemetry.metrics import _Gauge as Gauge
 from opentelemetry.util.types import Attributes
 
+from relay.runtime.logs import DATABASE
+
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
 
@@ -143,12 +145,19 @@ class DatabaseMeter(Meter):
     def _labelled(self, callbacks: Sequence[CallbackT] | None) -> list[Callback]:
         labels = self._labels
 
+        database = self._database
+
         def labelled(callback: Callback) -> Callback:
             def observe(options: CallbackOptions) -> Iterable[Observation]:
-                return [
-                    Observation(o.value, _merged(labels, o.attributes), o.context)
-                    for o in callback(options)
-                ]
+                # Read on the HTTP thread: what it logs (an outage) names the database too.
+                token = DATABASE.set(database)
+                try:
+                    return [
+                        Observation(o.value, _merged(labels, o.attributes), o.context)
+                        for o in callback(options)
+                    ]
+                finally:
+                    DATABASE.reset(token)
 
             return observe
 

@@ -99,3 +99,26 @@ def test_metrics_off_and_unknown_paths_are_404() -> None:
     assert s.answer("/metrics")[0] == 404
     assert s.answer("/nope")[0] == 404
     s.stop()
+
+
+def test_readyz_with_several_databases_lists_each_and_is_ready_while_one_is() -> None:
+    states = {"acme": "ok", "globex": "database globex: connection refused"}
+    many = server(database=None, databases=lambda: dict(states), broker_node=lambda: "rmq:5672")
+    status, _, body = many.answer("/readyz")
+    assert status == 200
+    assert json.loads(body) == {
+        "status": "ok",
+        "broker": "ok",
+        "databases_ready": "1/2",
+        "databases": states,
+        "broker_node": "rmq:5672",
+    }
+    states["acme"] = "starting"
+    status, _, body = many.answer("/readyz")
+    assert (status, json.loads(body)["status"]) == (503, "not ready")
+    states["acme"] = "ok"
+    no_broker = server(database=None, databases=lambda: dict(states), broker_ready=lambda: False)
+    status, _, body = no_broker.answer("/readyz")
+    assert (status, json.loads(body)["broker"]) == (503, "not connected")
+    for s in (many, no_broker):
+        s.stop()
