@@ -115,9 +115,17 @@ def _state(state: str, estimated: bool) -> dict[str, str]:
 
 class Observer:
     def __init__(
-        self, tracer: Tracer | None, meter: Meter, *, clock: Callable[[], float] = time.monotonic
+        self,
+        tracer: Tracer | None,
+        meter: Meter,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        database: str | None = None,
     ) -> None:
         self.tracer = tracer
+        # One relay serving several databases: every span says which one (metrics say it with
+        # a label of their own, relay/runtime/labelled.py).
+        self._span_labels = {"outbox.database": database} if database is not None else {}
         self._meter = meter
         self._clock = clock
         self._next_loop_span: dict[str, float] = {}
@@ -324,6 +332,7 @@ class Observer:
                 "messaging.message.id": row.id,
                 "outbox.attempt": row.attempts,
                 **({"outbox.key": row.key} if row.key is not None else {}),
+                **self._span_labels,
             },
         )
         out: dict[str, str] = {}
@@ -366,6 +375,7 @@ class Observer:
             yield None
             return
         self._next_loop_span[name] = now + LOOP_SPAN_EVERY
+        attributes.update(self._span_labels)
         with self.tracer.start_as_current_span(f"outbox.relay {name}", attributes=attributes) as s:
             yield s
 

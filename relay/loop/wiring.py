@@ -30,15 +30,17 @@ def wire_relay(
     tables: Callable[[], Sequence[TableHealth]] | None = None,
     source: Source | None = None,
     capture: Callable[[], SlotReading] | None = None,
+    database: str | None = None,
 ) -> Relay:
     """A relay over `store` and `publisher` (started or not). Without `telemetry` it makes no
     span and records no metric; `tables` feeds the dead-row gauge (Observer.watch); `source` is
-    the log, with --capture logical, and `capture` reads its slot for the gauges."""
+    the log, with --capture logical, and `capture` reads its slot for the gauges; `database`
+    names the database in its spans when the process serves several."""
     rng = rng or random.Random()
     if telemetry is None:
         observer = Observer(None, NoOpMeter("outbox-relay"), clock=clock)
     else:
-        observer = Observer(telemetry.tracer, telemetry.meter, clock=clock)
+        observer = Observer(telemetry.tracer, telemetry.meter, clock=clock, database=database)
     guard = ResourceGuard(
         store, config, clock=clock, wall=wall, rng=rng, on_transition=observer.circuit_changed
     )

@@ -163,6 +163,7 @@ class Tenant:
             config,
             telemetry=instruments,
             tables=store.table_health if meter is not None else None,
+            database=self.name,
         )
 
     def _run(self, relay: Relay) -> bool:
