@@ -48,7 +48,7 @@ def _flag(action: argparse.Action) -> str:
 
 def _setting_row(setting: Setting, action: argparse.Action) -> str:
     flag = _flag(action)
-    if setting.repeat:
+    if setting.repeat or setting.many:
         flag += " (repeatable)"
     return (
         f"| {_code(flag)} | {_code(setting.env or '')} | {_code(setting.default_text())} "

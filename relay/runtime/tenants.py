@@ -206,6 +206,7 @@ class Tenants:
         self.serving: dict[str, Tenant] = {}
         self.leaving: list[Tenant] = []  # stopping: draining what they hold
         self._waiting: dict[str, Database] = {}  # to start once their name's leaving one stops
+        self.ticked = time.monotonic()  # the supervisor's last turn (for /healthz)
 
     def apply(self, databases: list[Database]) -> None:
         """Serve exactly `databases`: start the new, stop the removed, restart the changed."""
@@ -221,6 +222,7 @@ class Tenants:
 
     def tick(self) -> None:
         """Forget the stopped; start each waiting database whose name no leaving one holds."""
+        self.ticked = time.monotonic()
         self.leaving = [t for t in self.leaving if not t.finished]
         busy = {t.name for t in self.leaving}
         for name, db in list(self._waiting.items()):
@@ -375,8 +377,10 @@ def _bind_http(
         return None
 
     def freshest() -> float:
+        """The freshest loop's turn; with no loop running (every database is being retried),
+        the supervisor's: the process is alive, and a restart would cure nothing."""
         beats = [t.relay.heartbeat for t in tenants.serving.values() if t.relay is not None]
-        return max(beats, default=float("-inf"))
+        return max(beats, default=tenants.ticked)
 
     try:
         return HealthServer(
