@@ -109,6 +109,8 @@ class Tenant:
                 retry.succeeded()
                 continue
             wait = retry.failed()
+            extra = {"error": self.state, "attempt": retry.attempt, "retry_in": round(wait, 3)}
+            log.error("relay.database_unavailable", extra=extra)
             self._stopping.wait(wait)
         self.state = "stopped"
 
@@ -121,7 +123,6 @@ class Tenant:
                 relay = self._build(share, meter)
             except RelayError as exc:
                 self.state = one_line(str(exc), secrets_of(self.database.url))
-                log.error("relay.database_unavailable", extra={"error": self.state})
                 return False
             with self._lock:
                 self.relay = relay
