@@ -121,8 +121,9 @@ class Tenant:
         try:
             try:
                 relay = self._build(share, meter)
-            except RelayError as exc:
-                self.state = one_line(str(exc), secrets_of(self.database.url))
+            except Exception as exc:  # said, then tried again: never the end of this database
+                said = str(exc) if isinstance(exc, RelayError) else f"{type(exc).__name__}: {exc}"
+                self.state = one_line(said, secrets_of(self.database.url))
                 return False
             with self._lock:
                 self.relay = relay
@@ -151,29 +152,30 @@ class Tenant:
         try:
             check_schema(store, f"database {self.name}")
             warn_autovacuum(store)
+            telemetry = self._telemetry
+            instruments = None
+            if meter is not None:
+                instruments = _Instruments(telemetry.tracer, meter, telemetry.meter_provider)
+            return wire_relay(
+                store,
+                share,
+                config,
+                telemetry=instruments,
+                tables=store.table_health if meter is not None else None,
+                database=self.name,
+            )
         except BaseException:
             store.close()
             raise
-        telemetry = self._telemetry
-        instruments = None
-        if meter is not None:
-            instruments = _Instruments(telemetry.tracer, meter, telemetry.meter_provider)
-        return wire_relay(
-            store,
-            share,
-            config,
-            telemetry=instruments,
-            tables=store.table_health if meter is not None else None,
-            database=self.name,
-        )
 
     def _run(self, relay: Relay) -> bool:
         """Run the loop until it stops; True if it stopped as asked."""
         config = self.config
-        listener = listener_for(config.db_url, relay.wake) if config.listen else None
-        if listener is not None:
-            listener.start()
+        listener = None
         try:
+            listener = listener_for(config.db_url, relay.wake) if config.listen else None
+            if listener is not None:
+                listener.start()
             relay.run()
             return True
         except Exception as exc:

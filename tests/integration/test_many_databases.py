@@ -366,3 +366,25 @@ def test_twenty_databases_two_relays_a_kill_and_a_cut_lose_nothing_and_keep_orde
         for name, engine in tenants.items():
             if name.startswith("file_"):
                 engine.dispose()
+
+
+def test_a_loop_that_crashes_is_started_again_while_the_others_go_on(
+    sqlite_dbs: dict[str, Engine], broker: Broker, relays: list[Relay]
+) -> None:
+    acme, globex = sqlite_dbs["acme"], sqlite_dbs["globex"]
+    relay = Relay("--db", url_of(acme), "--db", url_of(globex))
+    relays.append(relay)
+    relay.said("relay.started", "database=acme")
+    with acme.begin() as conn:  # the loop's next statement fails as no outage does: a crash
+        conn.exec_driver_sql("ALTER TABLE outbox_message RENAME TO outbox_message_away")
+    relay.said("relay.crashed", "database=acme")
+    relay.said("relay.database_unavailable", "database=acme", "retry_in=")
+    near = enqueue(globex, broker.exchange, "globex", 10)
+    broker.collect_ids(every(near), timeout=30)
+    with acme.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE outbox_message_away RENAME TO outbox_message")
+    back = enqueue(acme, broker.exchange, "acme", 10)
+    received = broker.collect_ids(every(back), timeout=60)
+    assert in_key_order(received, back)
+    code, log = relay.stop()
+    assert code == 0, log
