@@ -12,6 +12,9 @@ too (`Store.while_waiting` -> `Publisher.wait_fd`, relay/store/overlap.py), so a
 goes on meanwhile. Two threads only signal it, through `_inbox` and `Publisher.interrupt()`: the
 heartbeat (relay/loop/pulse.py, which `run()` starts: "declared dead", "claim again") and, when
 LISTEN is on, the listener (`wake`); `request_stop` comes from a signal handler the same way.
+A relay serving several databases runs one such loop per database, each on its thread, and the
+broker's IO on a thread of its own (relay/amqp/shared.py): the answers still reach each loop in
+its own `Publisher.wait`, so nothing above changes for it.
 
 One message's path, in the order it happens:
 
