@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from relay.cli.grants import explain_denied
@@ -55,7 +55,7 @@ def targets(config: RelayConfig) -> list[Target]:
     if not config.many_databases:
         return [Target("", config)]
     return [
-        Target(db.name, replace(config, db_url=db.url, db_urls=(), db_file=None))
+        Target(db.name, config.serving(db))
         for db in config.databases()
     ]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TypeVar
 
 from relay.amqp.tls import TlsOptions
@@ -132,6 +132,10 @@ class RelayConfig:
     def many_databases(self) -> bool:
         """Whether this relay serves a list of databases rather than one (db_url)."""
         return bool(self.db_urls) or self.db_file is not None
+
+    def serving(self, database: Database) -> RelayConfig:
+        """This configuration for `database` alone."""
+        return replace(self, db_url=database.url, db_urls=(), db_file=None)
 
     def databases(self) -> list[Database]:
         """The databases to serve, named; the file read now (ConfigError when it is wrong)."""

@@ -72,7 +72,7 @@ class Tenant:
         labelled: Labelled | None,
     ) -> None:
         self.database = database
-        self.config = dataclasses.replace(config, db_url=database.url, db_urls=(), db_file=None)
+        self.config = config.serving(database)
         self._broker = broker
         self._telemetry = telemetry
         self._labelled = labelled
