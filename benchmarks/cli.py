@@ -37,6 +37,13 @@ Phases, in order (choose with --phases):
                one row in six of the backlog (24,000 rows, or --messages if fewer), interleaved,
                goes there and its circuit opens; and the same drain with those rows removed
                (target: beside at least 0.3x alone)
+  many         PostgreSQL only: one relay serving --many-databases databases (schemas of the
+               bench database, `outbox-relay run --db-file`) draining the backlog (50,000, or
+               --messages if fewer) split evenly over them, against `outbox-relay --db URL run`
+               draining it from one (benchmarks/many.py); then, the same relay running, the
+               one database left out of a trickle (50 msg/s into the others) draining the same
+               backlog alone and beside the trickle, and the trickle's commit-to-consumer p50
+               beside that drain over its p50 with nothing to drain
   small        a backlog of --messages 80-byte bodies (a database of its own): the raw pika
                ceiling on them and the in-process drain, the relay's CPU per message against
                raw pika's on the same messages, and the database's; then, on PostgreSQL, the
@@ -105,6 +112,8 @@ from benchmarks.fixtures import (
 )
 from benchmarks.floor import drain_floor_keys
 from benchmarks.insert_cost import measure_insert_cost, measure_many, measure_statement_cost
+from benchmarks.many import DATABASES
+from benchmarks.many import measure as measure_many_databases
 from benchmarks.neighbour import measure as measure_neighbour
 from benchmarks.profiles import print_summary
 from benchmarks.report import report
@@ -140,12 +149,13 @@ PHASES = (
     "wakeup",
     "hot-key",
     "neighbour",
+    "many",
     "small",
     "logical",
     "kill",
     "steady-kill",
 )
-POSTGRESQL_ONLY = ("prepared", "logical")
+POSTGRESQL_ONLY = ("prepared", "logical", "many")
 # psycopg's own default: a statement is prepared on the server at its fifth run.
 PREPARED_ON = "5"
 ONE_AT_A_TIME = 20_000  # messages the slow comparison drains (its rate is what counts)
@@ -175,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(PHASES),
         help=f"comma-separated subset of {','.join(PHASES)} (all)",
     )
+    p.add_argument(
+        "--many-databases",
+        type=int,
+        default=DATABASES,
+        metavar="N",
+        help=f"many: databases one relay serves ({DATABASES})",
+    )
     p.add_argument("--db", default=DEFAULT_DB, help="admin database URL (env BENCH_DB_URL)")
     p.add_argument("--amqp", default=DEFAULT_AMQP, help="AMQP URL (env BENCH_AMQP_URL)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per phase at most (600)")
@@ -200,7 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.messages = 5000
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = sorted(set(phases) - set(PHASES))
-    if unknown or args.messages < 1 or args.payload_bytes < 1 or args.repeat < 1:
+    if (
+        unknown
+        or args.messages < 1
+        or args.payload_bytes < 1
+        or args.repeat < 1
+        or args.many_databases < 1
+    ):
         say(f"error: bad arguments (unknown phases: {unknown})" if unknown else "bad arguments")
         return 2
     exe = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else "python"
@@ -266,7 +289,7 @@ def _run(
 
     needs_backlog = {
         "in-process", "subprocess", "one-at-a-time", "prepared", "signed", "store", "hot-key",
-        "neighbour",
+        "neighbour", "many",
     }  # fmt: skip
     if (needs_backlog | {"enqueue", "wakeup"}) & set(phases):
         db.create()
@@ -427,6 +450,8 @@ def _phase(
         _hot_key(tag, args, db, broker, payloads, now, results)
     elif phase == "neighbour":
         measure_neighbour(tag, args, db, broker, results)
+    elif phase == "many":
+        measure_many_databases(tag, args, db, broker, payloads, now, results)
     elif phase == "window-need":
         bounds.window_need(tag, args, broker, payloads, now, results)
     elif phase == "small":

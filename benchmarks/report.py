@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pika
 
+from benchmarks.many import ratio_line
 from benchmarks.results import BASES, NOT_RATES, Results, fmt_rate, median, spread
 from benchmarks.targets import WINDOWS, Figures, LogicalFigures, target_lines, window_line
 
@@ -96,7 +97,8 @@ def _details(results: Results) -> list[str]:
 
 
 def _comparisons(results: Results) -> list[str]:
-    """Prepared statements and signing, each against the same drain without."""
+    """Prepared statements and signing, each against the same drain without; many databases
+    against one."""
     out = []
     off, on = results.get("prepared"), results.get("prepared-on")
     if off and on and off.rates and on.rates:
@@ -141,6 +143,9 @@ def _comparisons(results: Results) -> list[str]:
                 f"; its bound, raw pika one confirm at a time, {serial.rate / unkeyed.rate:.2f}x"
             )
         out.append(f"one hot key: {one.rate / unkeyed.rate:.2f}x the unkeyed drain{serial_bound}")
+    many = ratio_line(results)
+    if many is not None:
+        out.append(many)
     return out
 
 

@@ -40,6 +40,12 @@ FIGURES = {
     "hot-publisher-4": "diagnostic: relay Publisher alone, four keys' chains",
     "neighbour-alone": "healthy exchange alone (beside nothing broken)",
     "neighbour": "healthy exchange beside a broken one",
+    "many-one": "relay drain, subprocess `--db URL`, one database (many phase)",
+    "many": "relay drain, subprocess `--db-file`, the same over many databases",
+    "many-alone": "relay drain, `--db-file`, one database's backlog, the others idle",
+    "many-beside": "relay drain, `--db-file`, one database's backlog, a trickle into the others",
+    "many-trickle-idle": "the trickle's commit-to-consumer p50 ms, every database idle",
+    "many-trickle": "the trickle's commit-to-consumer p50 ms, beside one database's backlog",
     **{f"window-{w}": f"raw pika ceiling, window {w}" for w in WINDOWS},
     "window-need": "the window the broker needs",
     "kill": "SIGKILL mid-drain, duplicates",
@@ -101,6 +107,8 @@ NOT_RATES = (
     "logical-latency-table-p99",
     "logical-floor",
     "logical-floor-p99",
+    "many-trickle-idle",
+    "many-trickle",
 )
 DIAG = ("store", "publisher", "hot-publisher", "hot-publisher-4", "logical-single")
 
