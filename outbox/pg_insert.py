@@ -68,8 +68,10 @@ def _rendered(dialect: Dialect, notify: bool) -> _Rendered:
     # inline(): no RETURNING of the new seq (the application role may not read it).
     statement = insert(message).values(values).inline()
     if notify:
+        # The payload names the table written (its oid): a relay serving another schema of this
+        # database, which LISTENs on the same channel, is not woken for nothing.
         statement = statement.returning(
-            func.pg_notify(literal_column(f"'{NOTIFY_CHANNEL}'"), literal_column("''"))
+            func.pg_notify(literal_column(f"'{NOTIFY_CHANNEL}'"), literal_column("tableoid::text"))
         )
     compiled = statement.compile(dialect=dialect)
     order = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None

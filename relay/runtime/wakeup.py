@@ -39,6 +39,23 @@ MAX_RETRY_DELAY = 30.0
 PROBE_WAIT = 2.0
 
 
+# The outbox table this relay serves, as enqueue names it in a notification's payload.
+_TABLE_OID = "SELECT to_regclass('outbox_message')::oid::text"
+
+
+def _table_oid(conn: psycopg.Connection[Any]) -> str | None:
+    row = conn.execute(_TABLE_OID).fetchone()
+    return None if row is None else row[0]
+
+
+def _for(payload: str, table: str | None) -> bool:
+    """Whether a notification is for this relay's table. Enqueue's common path names the table
+    written (its oid): another schema's outbox in this database (one relay per tenant schema,
+    all on one channel) wakes only its own relay. An empty payload (the other paths, older
+    applications) and the pooler probe wake every listener."""
+    return table is None or not payload.isdigit() or payload == table
+
+
 class Listener:
     def __init__(self, db_url: str, listen: str, on_notify: Callable[[], None]) -> None:
         url, driver_args = driver_arguments(parse_db_url(db_url))
@@ -118,9 +135,11 @@ class Listener:
             if self.failures:
                 log.info("listen.restored", extra={"after_failures": self.failures})
             self.failures = 0
+            table = _table_oid(conn)
             while not self._stop.is_set():
-                for _ in conn.notifies(timeout=0.5, stop_after=1):
-                    self._on_notify()
+                for notify in conn.notifies(timeout=0.5, stop_after=1):
+                    if _for(notify.payload, table):
+                        self._on_notify()
 
     def _probe(self, conn: psycopg.Connection[Any]) -> bool:
         """Whether a notification sent from another connection reaches `conn` (listening)."""
