@@ -11,7 +11,10 @@ traffic), `--only relay` only "relay SIGKILL x10", `--only partitions` the parti
 `--only "postgresql failover"` the primary SIGKILLed mid-drain and its streaming standby promoted,
 with synchronous and asynchronous replication, the writers writing or idle at the crash (a pair of
 clusters of their own: tests/chaos/failover.py), `--only cluster` the three-node RabbitMQ cluster's
-node kills, pause and rolling restart, and a classic queue beside them (tests/chaos/cluster.py).
+node kills, pause and rolling restart, and a classic queue beside them (tests/chaos/cluster.py),
+`--only "many databases"` one relay serving 20 databases (SQLite, PostgreSQL databases and
+schemas), one of them cut off, one 50,000 messages behind, the relay SIGKILLed x3
+(tests/chaos/tenants.py).
 
 Every fault runs on each database in turn (PostgreSQL, then MariaDB), the relay and the writers
 on a schema or database of their own; then the faults that matter to logical capture (`run
@@ -27,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.chaos import cluster, failover, mid_drain, partitions, recovery, run
+from tests.chaos import cluster, failover, mid_drain, partitions, recovery, run, tenants
 
 BROKER, DB, HOT = {"broker": True}, {"db": True}, {"hot": True}
 # The faults also run with logical capture (database "logical"), and those that need PostgreSQL.
@@ -157,6 +160,15 @@ def main() -> int:
         rows.append(row)
         notes.append(failover.note(row, seen))
         print(f"chaos: {row.fault}: {'ok' if row.ok else 'FAILED'} "
+              f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
+    # 20 databases of its own, one relay serving them all: once, whatever --databases says.
+    if not wanted or any(tenants.NAME.startswith(w) for w in wanted):
+        started = time.monotonic()
+        print(f"chaos: {tenants.NAME} ...", flush=True)
+        many = tenants.run_tenants(Path(os.environ.get("TMPDIR", "/tmp")))
+        rows.append(many)
+        notes.append(tenants.note(many))
+        print(f"chaos: {many.fault}: {'ok' if many.ok else 'FAILED'} "
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
     # A three-node RabbitMQ cluster of its own (tests/chaos/cluster.py), PostgreSQL only.
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
