@@ -76,6 +76,7 @@ class Claimer:
         self._next_claim = 0.0
         self._empty = 0  # consecutive claims that found nothing
         self._db_backoff = Backoff(first=0.1, cap=DB_BACKOFF_MAX, floor=0.05)
+        self._db_retry_at = 0.0  # the end of the pause after a database failure
         self._chunks = itertools.count(1)
         # Sent and not yet settled, at most: sized to the broker's confirm round, under
         # max_in_flight (relay/core/window.py).
@@ -92,8 +93,13 @@ class Claimer:
         """The database failed: pause claiming, longer each time (jittered), until a claim
         succeeds. Returns the pause."""
         wait = self._db_backoff.failed()
-        self._next_claim = self._clock() + wait
+        self._next_claim = self._db_retry_at = self._clock() + wait
         return wait
+
+    def resting(self, now: float) -> bool:
+        """Whether the database failed and its pause has not run out: the loop's other writes
+        (settling) wait for it too, rather than fail, and be logged, at every turn."""
+        return self._db_backoff.attempt > 0 and now < self._db_retry_at
 
     @property
     def db_attempt(self) -> int:

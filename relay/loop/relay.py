@@ -186,7 +186,7 @@ class Relay:
         retention when due, claim and publish what there is room for."""
         counts = Counts()
         now = self._clock()
-        self._settle(counts)
+        self._settle(counts, now)
         self.claimer.written(counts.published + counts.retried + counts.deferred + counts.dead, now)
         self._release_held_back(counts)
         publisher = self.publisher
@@ -289,8 +289,10 @@ class Relay:
         self._progress = Counts()
         self._progress_from = self._progress_logged = now
 
-    def _settle(self, counts: Counts) -> None:
-        """Take what the broker and the other threads said, then write every answered chunk."""
+    def _settle(self, counts: Counts, now: float | None = None) -> None:
+        """Take what the broker and the other threads said, then write every answered chunk;
+        in a turn (`now` given), not while the database rests after a failure (the answers
+        wait for its pause to run out, as the claims do)."""
         if not self._crashed:  # after a crash, no more IO: the publisher may be why
             self.publisher.wait(0)  # the broker's answers that have arrived, without waiting
         self._take_signals()
@@ -298,6 +300,8 @@ class Relay:
         self._answered.clear()
         for answer in answered:
             self._take(answer)
+        if now is not None and self.claimer.resting(now):
+            return
         try:
             if self.settler.settle(counts):
                 # Settling can make new rows claimable (the next message of each key whose

@@ -295,13 +295,14 @@ def test_a_database_failure_while_extending_leaves_the_chain_to_end_as_usual() -
     store = FakeStore()
     hot_key(store, chains.RUN + 1 + 10)
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, claim_max=500)
+    relay, clock = make_relay(store, publisher, claim_max=500)
     relay.run_once()
     store.fail_next.append("claim_run")
     while "claim_run" in store.fail_next:  # until the chain is short enough to be extended
         publisher.answer_first()
-        relay.run_once()  # the extension fails: logged, claims back off
+        relay.run_once()  # the extension fails: logged, claims (and settling) back off
     assert store.runs_extended == []
+    clock.now += 5.0  # past the pause
     drain_piece_by_piece(relay, publisher)
     for _ in range(20):  # the rest is claimed the usual way once the chain is marked
         relay.run_once()

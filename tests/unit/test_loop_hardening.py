@@ -128,9 +128,10 @@ def test_a_settlement_retried_after_a_database_failure_counts_each_circuit_once(
     def missing(item: Outgoing) -> Outcome:
         return Outcome(item.seq, Fate.DESTINATION_MISSING, "404 NOT_FOUND")
 
-    relay, _ = make_relay(store, FakePublisher(decide=missing), claim_max=10)
+    relay, clock = make_relay(store, FakePublisher(decide=missing), claim_max=10)
     relay.run_once()
     relay.run_once()  # the second circuit's write fails: the settlement waits
+    clock.now += 5.0  # past the database's pause
     relay.run_once()  # and is written now
     failures = {name.rsplit("/", 1)[1]: row.circuit.failures
                 for name, row in store.resource_rows.items()}  # fmt: skip

@@ -148,7 +148,7 @@ def test_an_answer_keeps_its_room_in_the_window_until_it_is_written() -> None:
     store = FakeStore()
     store.add(*(make_claimed(i) for i in range(1, 9)))
     publisher = FakePublisher(hold=True)
-    relay, _ = make_relay(store, publisher, claim_max=8, window=4)
+    relay, clock = make_relay(store, publisher, claim_max=8, window=4)
     relay.run_once()
     assert len(publisher.published) == 4
     store.fail_next.append("mark")
@@ -156,6 +156,7 @@ def test_an_answer_keeps_its_room_in_the_window_until_it_is_written() -> None:
     relay.run_once()  # confirmed, but the mark failed: nothing more goes out
     assert len(publisher.published) == 4
     assert store.states()[1] == "in_flight"
+    clock.now += 5.0  # past the database's pause
     relay.run_once()  # marked now, and the window refills
     assert [store.rows[i].state for i in range(1, 5)] == ["published"] * 4
     assert [i.seq for i in publisher.published] == list(range(1, 9))

@@ -114,12 +114,15 @@ def test_outcomes_survive_a_database_outage_and_are_marked_later(
 ) -> None:
     store = FakeStore()
     store.add(make_claimed(1), make_claimed(2))
-    relay, _ = make_relay(store, FakePublisher())
+    relay, clock = make_relay(store, FakePublisher())
     relay.run_once()
     store.fail_next.append("mark")
     failed = relay.run_once()
     assert failed.published == 0
     assert store.states() == {1: "in_flight", 2: "in_flight"}
+    relay.run_once()  # the database rests: the marks wait for its pause, and log nothing
+    assert store.states() == {1: "in_flight", 2: "in_flight"}
+    clock.now += 5.0
     relay.run_once()
     assert store.states() == {1: "published", 2: "published"}
     assert relay.summary.published == 2  # counted once, when they were marked
