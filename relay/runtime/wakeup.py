@@ -68,7 +68,12 @@ class Listener:
         _, params = PGDialect_psycopg().create_connect_args(url)  # type: ignore[no-untyped-call]
         self._conninfo = make_conninfo("", **params)
         # prepare_threshold is psycopg's, not libpq's: it must not reach the conninfo.
-        self._connect_args: dict[str, Any] = {"prepare_threshold": None, **driver_args}
+        # Named as the relay's pools are, so pg_stat_activity shows whose connection it is.
+        self._connect_args: dict[str, Any] = {
+            "prepare_threshold": None,
+            "application_name": "outbox-relay",
+            **driver_args,
+        }
         self._secrets = secrets_of(db_url)
         self._on_notify = on_notify
         self._stop = threading.Event()
