@@ -54,10 +54,7 @@ def targets(config: RelayConfig) -> list[Target]:
     caller answers as for one database whenever this lists one (a file may list only one)."""
     if not config.many_databases:
         return [Target("", config)]
-    return [
-        Target(db.name, config.serving(db))
-        for db in config.databases()
-    ]
+    return [Target(db.name, config.serving(db)) for db in config.databases()]
 
 
 def each_database(
