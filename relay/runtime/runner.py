@@ -100,6 +100,27 @@ def schema_refusal(shape: Shape) -> str:
     )
 
 
+def make_publisher(config: RelayConfig) -> Publisher:
+    """The relay's publisher, not connected yet."""
+    publisher = Publisher(
+        config.amqp_url,
+        confirm_timeout=config.confirm_timeout,
+        name=f"outbox-relay {config.relay_id}",
+        tls=config.amqp_tls,
+        signing=config.keyring,
+    )
+    if config.keyring is not None:  # how many secrets sign where; never a secret
+        log.info("relay.signing", extra={"keyring": repr(config.keyring)})
+    return publisher
+
+
+def declare_topology(config: RelayConfig) -> None:
+    """Declare the --topology file's exchanges and queues, if one is given."""
+    if config.topology is not None:
+        made = topology.apply(config.amqp_url, config.topology, tls=config.amqp_tls)
+        log.info("relay.topology_applied", extra={"file": config.topology.source, "made": made})
+
+
 def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Relay:
     store = open_store(
         config.db_url,
@@ -115,18 +136,8 @@ def build_relay(config: RelayConfig, telemetry: Telemetry | None = None) -> Rela
         source = log_source(config, store, utc_now)
         capture = slot_reading(config, store, source)
     check_schema(store, database_named(config.db_url))
-    publisher = Publisher(
-        config.amqp_url,
-        confirm_timeout=config.confirm_timeout,
-        name=f"outbox-relay {config.relay_id}",
-        tls=config.amqp_tls,
-        signing=config.keyring,
-    )
-    if config.keyring is not None:  # how many secrets sign where; never a secret
-        log.info("relay.signing", extra={"keyring": repr(config.keyring)})
-    if config.topology is not None:
-        made = topology.apply(config.amqp_url, config.topology, tls=config.amqp_tls)
-        log.info("relay.topology_applied", extra={"file": config.topology.source, "made": made})
+    publisher = make_publisher(config)
+    declare_topology(config)
     publisher.start()
     # Once the relay can run: a start that fails says why in one line, not after this warning.
     warn_autovacuum(store)

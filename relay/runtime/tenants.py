@@ -26,8 +26,6 @@ from types import FrameType
 
 from opentelemetry.trace import Tracer
 
-from relay.amqp import topology
-from relay.amqp.publisher import Publisher
 from relay.amqp.shared import Broker, Share
 from relay.core.urls import secrets_of
 from relay.errors import ConfigError, RelayError
@@ -277,23 +275,14 @@ def run_many(config: RelayConfig, telemetry: Telemetry) -> int:
             "--capture logical serves one database: run one relay per database to read their "
             "logs, or use --capture table (the default) with several"
         )
-    publisher = Publisher(
-        config.amqp_url,
-        confirm_timeout=config.confirm_timeout,
-        name=f"outbox-relay {config.relay_id}",
-        tls=config.amqp_tls,
-        signing=config.keyring,
-    )
-    broker = Broker(publisher)
+    from relay.runtime.runner import declare_topology, make_publisher
+
+    broker = Broker(make_publisher(config))
     labelled = Labelled(telemetry.meter) if telemetry.meter_provider is not None else None
     tenants = Tenants(config, broker, telemetry, labelled)
-    http = _bind_http(config, tenants, broker, telemetry)
+    http = _bind_http(config, tenants, broker, telemetry)  # a port in use: exit 2 at once
     try:
-        if config.keyring is not None:
-            log.info("relay.signing", extra={"keyring": repr(config.keyring)})
-        if config.topology is not None:
-            made = topology.apply(config.amqp_url, config.topology, tls=config.amqp_tls)
-            log.info("relay.topology_applied", extra={"file": config.topology.source, "made": made})
+        declare_topology(config)
         broker.start()
     except BaseException:
         if http is not None:
