@@ -5,6 +5,7 @@ that cannot be reached is retried on its own while the others go on, and catches
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import signal
@@ -108,23 +109,33 @@ def sqlite_dbs(tmp_path: Path, templates: Templates) -> Iterator[dict[str, Engin
         engine.dispose()
 
 
+@contextlib.contextmanager
+def tenant_schemas(
+    pg_admin: Engine, templates: Templates, count: int
+) -> Iterator[dict[str, Engine]]:
+    """`count` PostgreSQL schema-per-tenant tenants in one database, migrated, dropped after:
+    name -> application engine."""
+    engines: dict[str, Engine] = {}
+    try:
+        for name in [f"tenant_{uuid.uuid4().hex[:8]}" for _ in range(count)]:
+            with pg_admin.connect() as conn:
+                conn.exec_driver_sql(f'CREATE SCHEMA "{name}"')
+            engines[name] = make_app_engine(f"{PG_ADMIN_URL}?options=-csearch_path%3D{name}")
+            templates.migrate(engines[name])
+        yield engines
+    finally:
+        for name, engine in engines.items():
+            engine.dispose()
+            with pg_admin.connect() as conn:
+                conn.exec_driver_sql("SET lock_timeout = '10s'")
+                conn.exec_driver_sql(f'DROP SCHEMA "{name}" CASCADE')
+
+
 @pytest.fixture
 def pg_schemas(pg_admin: Engine, templates: Templates) -> Iterator[dict[str, Engine]]:
     """Two PostgreSQL schema-per-tenant tenants in one database: name -> application engine."""
-    names = [f"tenant_{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    engines = {}
-    for name in names:
-        with pg_admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{name}"')
-        engine = make_app_engine(f"{PG_ADMIN_URL}?options=-csearch_path%3D{name}")
-        templates.migrate(engine)
-        engines[name] = engine
-    yield engines
-    for name, engine in engines.items():
-        engine.dispose()
-        with pg_admin.connect() as conn:
-            conn.exec_driver_sql("SET lock_timeout = '10s'")
-            conn.exec_driver_sql(f'DROP SCHEMA "{name}" CASCADE')
+    with tenant_schemas(pg_admin, templates, 2) as engines:
+        yield engines
 
 
 def url_of(engine: Engine) -> str:
@@ -317,55 +328,50 @@ def test_twenty_databases_two_relays_a_kill_and_a_cut_lose_nothing_and_keep_orde
         engine = make_app_engine(f"sqlite:///{tmp_path / f'file_{n}'}.db")
         templates.migrate(engine)
         tenants[f"file_{n}"] = engine
-    schemas = [f"tenant_{uuid.uuid4().hex[:8]}" for _ in range(5)]
-    for schema in schemas:
-        with pg_admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-        engine = make_app_engine(f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}")
-        templates.migrate(engine)
-        tenants[schema] = engine
+    with tenant_schemas(pg_admin, templates, 5) as schemas:
+        tenants.update(schemas)
+        try:
+            _twenty(tmp_path, tenants, next(iter(pg_databases)), broker, relays)
+        finally:
+            for name, engine in tenants.items():
+                if name.startswith("file_"):
+                    engine.dispose()
+
+
+def _twenty(
+    tmp_path: Path, tenants: dict[str, Engine], cut_name: str, broker: Broker, relays: list[Relay]
+) -> None:
     assert len(tenants) == 20
-    cut_name = next(iter(pg_databases))
-    try:
-        with TcpProxy("127.0.0.1", 5432) as proxy:
-            lines = ["# twenty tenants"]
-            for name, engine in tenants.items():
-                url = url_of(engine)
-                lines.append(f"{name} = {proxy.url_for(url, 5432) if name == cut_name else url}")
-            path = tmp_path / "dbs.txt"
-            path.write_text("\n".join(lines) + "\n")
-            sent: dict[str, list[uuid.UUID]] = {}
-            for name, engine in tenants.items():
-                sent.update(enqueue(engine, broker.exchange, name, 40))
-            first, second = Relay("--db-file", str(path)), Relay("--db-file", str(path))
-            relays.extend([first, second])
-            broker.collect(lambda got: len(got) >= 200, timeout=60, what="the drain under way")
-            first.process.kill()
-            first.process.wait(timeout=30)
-            proxy.cut()
-            for name, engine in tenants.items():
-                sent_more = enqueue(engine, broker.exchange, name, 10)
-                for key, ids in sent_more.items():
-                    sent[key].extend(ids)
-            others = [i for k, ids in sent.items() if not k.startswith(cut_name) for i in ids]
-            broker.collect_ids(others, timeout=60)
-            assert second.ready()["databases"][cut_name] != "ok"
-            proxy.restore()
-            received = broker.collect_ids(every(sent), timeout=90)
-            assert in_key_order(received, sent)
-            code, log = second.stop()
-        assert code == 0, log
+    with TcpProxy("127.0.0.1", 5432) as proxy:
+        lines = ["# twenty tenants"]
         for name, engine in tenants.items():
-            assert row_count(engine, state="pending") == 0, name
-    finally:
-        for name in schemas:
-            tenants[name].dispose()
-            with pg_admin.connect() as conn:
-                conn.exec_driver_sql("SET lock_timeout = '10s'")
-                conn.exec_driver_sql(f'DROP SCHEMA "{name}" CASCADE')
+            url = url_of(engine)
+            lines.append(f"{name} = {proxy.url_for(url, 5432) if name == cut_name else url}")
+        path = tmp_path / "dbs.txt"
+        path.write_text("\n".join(lines) + "\n")
+        sent: dict[str, list[uuid.UUID]] = {}
         for name, engine in tenants.items():
-            if name.startswith("file_"):
-                engine.dispose()
+            sent.update(enqueue(engine, broker.exchange, name, 40))
+        first, second = Relay("--db-file", str(path)), Relay("--db-file", str(path))
+        relays.extend([first, second])
+        broker.collect(lambda got: len(got) >= 200, timeout=60, what="the drain under way")
+        first.process.kill()
+        first.process.wait(timeout=30)
+        proxy.cut()
+        for name, engine in tenants.items():
+            sent_more = enqueue(engine, broker.exchange, name, 10)
+            for key, ids in sent_more.items():
+                sent[key].extend(ids)
+        others = [i for k, ids in sent.items() if not k.startswith(cut_name) for i in ids]
+        broker.collect_ids(others, timeout=60)
+        assert second.ready()["databases"][cut_name] != "ok"
+        proxy.restore()
+        received = broker.collect_ids(every(sent), timeout=90)
+        assert in_key_order(received, sent)
+        code, log = second.stop()
+    assert code == 0, log
+    for name, engine in tenants.items():
+        assert row_count(engine, state="pending") == 0, name
 
 
 def test_a_loop_that_crashes_is_started_again_while_the_others_go_on(
