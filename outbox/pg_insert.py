@@ -68,10 +68,12 @@ def _rendered(dialect: Dialect, notify: bool) -> _Rendered:
     # inline(): no RETURNING of the new seq (the application role may not read it).
     statement = insert(message).values(values).inline()
     if notify:
-        # The payload names the table written (its oid): a relay serving another schema of this
-        # database, which LISTENs on the same channel, is not woken for nothing.
+        # The payload names the table written (its oid, found as the INSERT finds it, by the
+        # search_path; no privilege needed, where `tableoid` would need SELECT): a relay serving
+        # another schema of this database, which LISTENs on the same channel, sleeps on.
+        oid = f"'{message.fullname}'::regclass::oid::text"
         statement = statement.returning(
-            func.pg_notify(literal_column(f"'{NOTIFY_CHANNEL}'"), literal_column("tableoid::text"))
+            func.pg_notify(literal_column(f"'{NOTIFY_CHANNEL}'"), literal_column(oid))
         )
     compiled = statement.compile(dialect=dialect)
     order = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
