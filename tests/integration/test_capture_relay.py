@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,7 +19,7 @@ import outbox
 from outbox import config as outbox_config
 from relay.capture import admin
 from tests.support.broker import Broker, Delivery
-from tests.support.cli import assert_one_line_error, cli, environment
+from tests.support.cli import RelayProcess, assert_one_line_error, cli
 from tests.support.db import PG_ADMIN_URL, states
 from tests.support.waiting import wait_until
 
@@ -72,39 +68,13 @@ def captured() -> Iterator[Captured]:
         server.dispose()
 
 
-class Relay:
+class Relay(RelayProcess):
     """`outbox-relay run --capture logical` as a process, its log lines read as they come."""
 
     def __init__(self, cap: Captured, *extra: str) -> None:
-        args = [sys.executable, "-m", "relay", "run", "--db", cap.url, "--capture", "logical",
-                "--capture-slot", cap.slot, "--poll-interval", "0.1", "--unroutable-grace", "0",
-                *extra]  # fmt: skip
-        self.process = subprocess.Popen(
-            args, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        with self.process.stdout:
-            for line in self.process.stdout:
-                self.lines.append(line)
-
-    def said(self, event: str, timeout: float = 20.0) -> None:
-        wait_until(lambda: any(event in line for line in self.lines), timeout=timeout, what=event)
-
-    def stop(self) -> tuple[int, str]:
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=30)
-        self._reader.join(timeout=5)
-        return code, "".join(self.lines)
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=30)
-        self._reader.join(timeout=5)
+        args = ["--capture", "logical", "--capture-slot", cap.slot, "--poll-interval", "0.1",
+                "--unroutable-grace", "0", *extra]  # fmt: skip
+        super().__init__("run", "--db", cap.url, *args)
 
 
 @pytest.fixture

@@ -9,9 +9,6 @@ import contextlib
 import functools
 import json
 import signal
-import subprocess
-import sys
-import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -26,7 +23,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from tests.support.broker import Broker, Delivery
-from tests.support.cli import assert_one_line_error, cli, environment
+from tests.support.cli import RelayProcess, assert_one_line_error, cli
 from tests.support.db import PG_ADMIN_URL, make_app_engine, row_count
 from tests.support.ports import free_port
 from tests.support.proxy import TcpProxy
@@ -36,34 +33,16 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-class Relay:
-    """`outbox-relay run` over several databases, as a process, its log lines read as they come."""
+class Relay(RelayProcess):
+    """`outbox-relay run` over several databases, with its HTTP endpoint, as a process."""
 
     def __init__(self, *args: str) -> None:
         self.port = free_port()
-        argv = [sys.executable, "-m", "relay", "run", "--poll-interval", "0.1",
-                "--http-port", str(self.port), "--http-host", "127.0.0.1", *args]  # fmt: skip
-        self.process = subprocess.Popen(
-            argv, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        with self.process.stdout:
-            for line in self.process.stdout:
-                self.lines.append(line)
+        super().__init__("run", "--poll-interval", "0.1", "--http-port", str(self.port),
+                         "--http-host", "127.0.0.1", *args)  # fmt: skip
 
     def said(self, *words: str, timeout: float = 30.0) -> str:
-        def found() -> str | None:
-            return next((line for line in self.lines if all(w in line for w in words)), None)
-
-        wait_until(lambda: found() is not None, timeout=timeout, what=" ".join(words))
-        line = found()
-        assert line is not None
-        return line
+        return super().said(*words, timeout=timeout)
 
     def get(self, path: str) -> tuple[int, str]:
         try:
@@ -78,12 +57,6 @@ class Relay:
 
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
-
-    def stop(self) -> tuple[int, str]:
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=60)
-        self._reader.join(timeout=5)
-        return code, "".join(self.lines)
 
 
 @pytest.fixture

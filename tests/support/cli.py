@@ -7,11 +7,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from relay.cli.main import main
+from tests.support.waiting import wait_until
 
 # Addresses where nothing listens: the command fails to reach them at once.
 UNREACHABLE_DB = "postgresql+psycopg://root@127.0.0.1:1/x"
@@ -66,3 +69,49 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int) -
     assert lines[0].strip(), detail
     assert result.stdout == "", detail
     return lines[0]
+
+
+class RelayProcess:
+    """`outbox-relay ARGS` as a long-running process (stdout and stderr together), its log lines
+    read as they come."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "relay", *args],
+            env=environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        with self.process.stdout:
+            for line in self.process.stdout:
+                self.lines.append(line)
+
+    def said(self, *words: str, timeout: float = 20.0) -> str:
+        """The first line holding every one of `words`, once there is one."""
+
+        def found() -> str | None:
+            return next((line for line in self.lines if all(w in line for w in words)), None)
+
+        wait_until(lambda: found() is not None, timeout=timeout, what=" ".join(words))
+        line = found()
+        assert line is not None
+        return line
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM; its exit code and everything it logged."""
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=60)
+        self._reader.join(timeout=5)
+        return code, "".join(self.lines)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=30)
+        self._reader.join(timeout=5)
