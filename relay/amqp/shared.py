@@ -100,7 +100,6 @@ class Share:
         self._wake.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._woken, selectors.EVENT_READ, None)
-        self._watched: dict[int, Callable[[], None]] = {}
         self._unanswered = 0  # chunks handed over and not yet answered (this thread's count)
 
     # What the loop reads of the connection: plain attributes the broker thread sets.
@@ -111,10 +110,6 @@ class Share:
     @property
     def blocked(self) -> bool:
         return self._real.blocked
-
-    @property
-    def node(self) -> str | None:
-        return self._real.node
 
     def encode(
         self, row: Claimed, *, traceparent: str | None = None, tracestate: str | None = None
@@ -182,13 +177,11 @@ class Share:
         return (selectors.EVENT_READ if r else 0) | (selectors.EVENT_WRITE if w else 0)
 
     def watch(self, fileno: int, ready: Callable[[], None]) -> None:
-        self._watched[fileno] = ready
         self._selector.register(fileno, selectors.EVENT_READ, ready)
 
     def unwatch(self, fileno: int) -> None:
-        if self._watched.pop(fileno, None) is not None:
-            with contextlib.suppress(KeyError, ValueError, OSError):
-                self._selector.unregister(fileno)
+        with contextlib.suppress(KeyError, ValueError):  # never watched
+            self._selector.unregister(fileno)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Wait, up to `timeout`, for the answers to what this loop handed over; the broker's
@@ -198,8 +191,6 @@ class Share:
             self.wait(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def close(self) -> None:
-        for fileno in list(self._watched):
-            self.unwatch(fileno)
         self._selector.close()
         self._woken.close()
         self._wake.close()

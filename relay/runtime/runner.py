@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 from outbox.schema import SCHEMA_VERSION
@@ -266,16 +267,18 @@ def _run(config: RelayConfig, telemetry: Telemetry) -> int:
 
 
 def _abort_when(requested: threading.Event, relay: Relay, config: RelayConfig) -> None:
-    """After a second signal: release what the relay holds, bounded, and leave at once.
+    requested.wait()
+    abort(lambda: release_held(relay, config))
+
+
+def abort(release: Callable[[], int]) -> None:
+    """After a second signal: `release` what the relay holds, bounded, and leave at once.
 
     Rows still leased are released so another relay can take them now; any this fails to
     release (the database is slow or gone) come back when their lease expires. Nothing is lost.
     """
-    requested.wait()
     released: list[int] = []
-    worker = threading.Thread(
-        target=lambda: released.append(_release_held(relay, config)), name="abort-release"
-    )
+    worker = threading.Thread(target=lambda: released.append(release()), name="abort-release")
     worker.daemon = True
     worker.start()
     worker.join(ABORT_RELEASE_TIMEOUT)
@@ -284,7 +287,7 @@ def _abort_when(requested: threading.Event, relay: Relay, config: RelayConfig) -
     os._exit(1)
 
 
-def _release_held(relay: Relay, config: RelayConfig) -> int:
+def release_held(relay: Relay, config: RelayConfig) -> int:
     """Release the rows `relay` holds through a store of its own: the relay's engine may be in
     use by the main thread, which goes on running until the process exits."""
     why = "relay interrupted by a second signal"

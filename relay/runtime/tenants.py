@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import signal
 import threading
 import time
@@ -48,7 +47,6 @@ log = logging.getLogger("relay")
 RETRY_FIRST, RETRY_CAP = 1.0, 30.0
 # How often the main thread looks at signals and at databases waiting for their turn.
 TICK = 0.2
-ABORT_RELEASE_TIMEOUT = 5.0
 
 
 @dataclasses.dataclass
@@ -242,12 +240,11 @@ class Tenants:
         self.leaving.extend(self.serving.values())
         self.serving.clear()
 
-    def join(self, timeout: float | None = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def join(self) -> None:
+        """Wait for every stopping loop to finish its drain."""
         for tenant in self.leaving:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            tenant.thread.join(left)
-        self.leaving = [t for t in self.leaving if not t.finished]
+            tenant.thread.join()
+        self.leaving = []
 
     def all(self) -> list[Tenant]:
         return [*self.serving.values(), *self.leaving]
@@ -344,22 +341,13 @@ def _reload(config: RelayConfig, tenants: Tenants) -> None:
 
 def _abort(tenants: Tenants) -> None:
     """After a second signal: release what every database's loop holds, bounded, and leave."""
-    from relay.runtime.runner import _release_held
+    from relay.runtime.runner import abort, release_held
 
-    released: list[int] = []
+    def release() -> int:
+        held = [(t.relay, t.config) for t in tenants.all() if t.relay is not None]
+        return sum(release_held(relay, config) for relay, config in held)
 
-    def release() -> None:
-        for tenant in tenants.all():
-            relay = tenant.relay
-            if relay is not None:
-                released.append(_release_held(relay, tenant.config))
-
-    worker = threading.Thread(target=release, name="abort-release", daemon=True)
-    worker.start()
-    worker.join(ABORT_RELEASE_TIMEOUT)
-    log.warning("relay.aborted", extra={"released": sum(released) if released else "unknown"})
-    logging.shutdown()
-    os._exit(1)
+    abort(release)
 
 
 def _bind_http(
