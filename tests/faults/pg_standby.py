@@ -26,7 +26,8 @@ from pathlib import Path
 
 PG_BIN = Path(os.environ.get("OUTBOX_PG_BIN", "/usr/lib/postgresql/15/bin"))
 BASE = Path(os.environ.get("OUTBOX_PG_STANDBY_DIR", "/tmp/outbox-pg-standby"))
-PRIMARY_PORT, STANDBY_PORT = 55432, 55433
+# Below the kernel's ephemeral range (32768-60999): a client socket never holds them.
+PRIMARY_PORT, STANDBY_PORT = 25432, 25433
 HOST = "127.0.0.1"
 DATABASE = "test"
 OS_USER = "postgres"
@@ -135,7 +136,11 @@ class Pair:
 
     def _start(self, data: Path) -> None:
         log = self.base / f"{data.name}.log"
-        _as_postgres(PG_BIN / "pg_ctl", "start", "-w", "-t", "60", "-D", data, "-l", log)
+        try:
+            _as_postgres(PG_BIN / "pg_ctl", "start", "-w", "-t", "60", "-D", data, "-l", log)
+        except RuntimeError as exc:  # pg_ctl says only "examine the log": say what it logged
+            said = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
+            raise RuntimeError("\n".join([str(exc), *said])) from None
 
     def _wait_sync(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -32,7 +32,7 @@ pytestmark = [
 ]
 
 T = TypeVar("T")
-PAIR = Pair(Path("/tmp/outbox-pg-standby-test"), 55442, 55443)
+PAIR = Pair(Path("/tmp/outbox-pg-standby-test"), 25442, 25443)
 
 
 @pytest.fixture(scope="module")
