@@ -80,6 +80,7 @@ _BIND_TYPES: Mapping[str, TypeEngine[Any]] = {
     "batch_size": Integer(),
 }
 _BIND = re.compile(r"(?<![:\w]):(\w+)")
+_INDENT = re.compile(r"\n[ \t]+")
 
 # Result columns whose driver value needs converting (SQLite returns times as text, UUIDs as hex).
 CLAIMED_COLUMNS: Mapping[str, TypeEngine[Any]] = {
@@ -157,7 +158,11 @@ class Driven:
 
     @classmethod
     def of(cls, sql: str) -> Driven:
-        return cls(sql, _BIND.sub(r"%(\1)s", sql.replace("%", "%%")))
+        # Without its lines' indentation: psycopg parses a statement's text on every run unless
+        # it is at most 4096 characters (then it caches the parse), and the claim's indented
+        # text is longer.
+        sent = _INDENT.sub("\n", sql.strip())
+        return cls(sql, _BIND.sub(r"%(\1)s", sent.replace("%", "%%")))
 
 
 def compile_sql(

@@ -4,7 +4,7 @@ them (relay/store/statements.py): blocks, placeholders, configuration, and every
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated
 
 import pytest
@@ -12,7 +12,7 @@ import pytest
 from relay.core.resources import SCOPES
 from relay.store import common, queries
 from relay.store.databases import DIALECTS, dialect_for
-from relay.store.statements import Compiled, Query, Statements, build, queries_of
+from relay.store.statements import Compiled, Driven, Query, Statements, build, queries_of
 
 # --------------------------------------------------------------------------- the loader
 
@@ -115,3 +115,23 @@ def test_every_block_of_every_file_is_used() -> None:
         own = {n for n, b in module.blocks.items() if b.file != "common.sql"}
         assert own <= module.used, sorted(own - module.used)
     assert set(queries.read("common")) <= used, sorted(set(queries.read("common")) - used)
+
+
+def test_the_driver_parses_each_driven_statement_once() -> None:
+    # psycopg parses a statement's text (its %(name)s binds) on every run unless the text is
+    # short enough to cache the parse: the claim runs at every turn of the loop.
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    for hold in (True, False):
+        for scope in SCOPES:
+            sql = dialect_for("postgresql", hold=hold, scope=scope).sql
+            driven = {f.name: getattr(sql, f.name) for f in fields(sql)}
+            driven = {name: v for name, v in driven.items() if isinstance(v, Driven)}
+            assert "claim" in driven
+            for name, statement in driven.items():
+                sent = statement.pyformat
+                assert len(sent) <= MAX_CACHED_STATEMENT_LENGTH, (name, len(sent))
+                # Only the indentation goes: each line, and so each `--` comment, stays whole.
+                lines = sent.splitlines()
+                assert len(lines) == len(statement.sql.strip().splitlines()), name
+                assert all(line == line.lstrip() for line in lines), name
