@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -41,6 +42,13 @@ log = logging.getLogger("relay")
 
 # Seconds: the longest pause in claiming while the database fails (jittered: relay/reconnect.py).
 DB_BACKOFF_MAX = 2.0
+# Seconds the loop goes on looking again within milliseconds of work after the last claim that
+# found rows no notification had announced (NOTIFY rationed by a busy writer, a writer that
+# sends none, no LISTEN, a retry come due): more such rows are probably coming, and only a look
+# finds them. While each row comes with its notification, the next one will too, and looks
+# between notifications find nothing: with one loop per database, those looks would be most of
+# what a trickle costs.
+UNANNOUNCED_MEMORY = 10.0
 # Rows handed to the publisher at a time: small enough that confirms come back (and are marked)
 # continuously, several to a window; large enough that handing over costs little.
 CHUNK_MAX = 64
@@ -75,6 +83,8 @@ class Claimer:
         self._fresh = fresh
         self._next_claim = 0.0
         self._empty = 0  # consecutive claims that found nothing
+        self._notified = 0  # notifications since the last claim that found rows
+        self._unannounced_at = -math.inf  # the last claim that found rows none announced
         self._db_backoff = Backoff(first=0.1, cap=DB_BACKOFF_MAX, floor=0.05)
         self._db_retry_at = 0.0  # the end of the pause after a database failure
         self._chunks = itertools.count(1)
@@ -88,6 +98,11 @@ class Claimer:
         """Claim at the next turn (a notification, or a settlement that may have freed rows)."""
         self._next_claim = 0.0
         self._empty = 0
+
+    def notified(self) -> None:
+        """A notification (LISTEN): a message was committed. Claim at the next turn."""
+        self._notified += 1
+        self.claim_soon()
 
     def back_off(self) -> float:
         """The database failed: pause claiming, longer each time (jittered), until a claim
@@ -159,18 +174,27 @@ class Claimer:
             claimed += self._claim_guarded(counts, room - claimed, now)
         self._db_backoff.succeeded()
         if claimed:
-            # A full batch: claim again at once. Less: it took all there was, and the next look
-            # comes after the shortest wait, the looks after it twice as long each time. A look
-            # at once would find nothing, and cost a query while the confirms come in.
-            self._empty = 0 if claimed == limit else 1
-            if claimed < limit:
-                self._next_claim = now + config.min_poll_interval
-            return
-        # Adaptive polling: right after work, look again within milliseconds (more is probably
-        # coming); each empty look doubles the wait, up to poll_interval.
-        wait = min(config.poll_interval, config.min_poll_interval * 2**self._empty)
+            if claimed > self._notified:
+                self._unannounced_at = now
+            self._notified = 0
+            self._empty = 0
+            if claimed == limit:
+                return  # a full batch: claim again at once
+        self._next_claim = now + self._next_look(config, now)
+
+    def _next_look(self, config: LoopSettings, now: float) -> float:
+        """How long after a claim that took all there was to look again (a notification, or a
+        settlement that may have freed a key's next message, ends the wait sooner).
+
+        While rows come that no notification announced: right after work the shortest wait,
+        each look that finds nothing twice as long, up to poll_interval (a look at once would
+        find nothing, and cost a query while the confirms come in). Otherwise poll_interval:
+        looks between notifications would find nothing either."""
+        if now - self._unannounced_at >= UNANNOUNCED_MEMORY:
+            return config.poll_interval
+        wait = min(config.poll_interval, config.min_poll_interval * 2.0**self._empty)
         self._empty = min(self._empty + 1, 30)
-        self._next_claim = now + wait
+        return wait
 
     def _claim(
         self,
@@ -360,9 +384,12 @@ class Claimer:
                     Outcome(row.seq, Fate.NOT_SENT, f"malformed row: {exc}", malformed=True)
                 )
         answered = self._answered
+        # Settling a keyed message may let its key's next one be claimed; an unkeyed one lets
+        # nothing be claimed that a claim would not have taken already.
+        frees = any(row.key is not None for row in rows)
 
         def done(outcomes: list[Outcome]) -> None:
-            answered(Answer(token, outcomes + broken, number))
+            answered(Answer(token, outcomes + broken, number, frees=frees))
 
         if chain is not None and broken:
             broken, items = chains.cut(rows, items, broken)  # the rows after it are held back

@@ -136,6 +136,6 @@ class Answer:
     token: uuid.UUID
     outcomes: list[Outcome]
     chunk: int = 0
-    # Whether writing it may let new rows be claimed (a key's next message, room in flight); not
-    # a chunk of a chain that goes on, whose next messages this relay holds already.
+    # Whether writing it may let new rows be claimed: a key's next message (a chunk with a keyed
+    # message), not a chunk of a chain that goes on, whose next messages this relay holds.
     frees: bool = True

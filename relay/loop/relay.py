@@ -332,7 +332,7 @@ class Relay:
                 log.info("relay.stopping", extra={"in_flight": self.in_flight})
             self._stopping = True
         elif event is _WAKE:
-            self.claimer.claim_soon()
+            self.claimer.notified()
         elif event is _DECLARED_DEAD:
             self._release_everything()
 

@@ -12,6 +12,7 @@ import pytest
 from relay.core.outcome import Fate, Outcome
 from relay.core.retention import RetentionPolicy
 from relay.errors import DatabaseUnavailable
+from relay.loop.claimer import UNANNOUNCED_MEMORY
 from relay.loop.counts import Counts
 from relay.loop.leases import Leases
 from relay.loop.maintenance import Maintenance
@@ -142,6 +143,78 @@ def test_the_looks_after_a_claim_that_took_all_there_was_double_their_wait() -> 
         assert relay.run_once().claimed == 0
     shortest = cfg.min_poll_interval
     assert looks == pytest.approx([shortest, 3 * shortest, 7 * shortest, 15 * shortest])
+
+
+def _announcing(key: str | None = None) -> tuple[Relay, FakeStore, RelayConfig, list[float]]:
+    """A relay that was told of one row (a notification, as LISTEN delivers it) and claimed it,
+    the broker answering at once."""
+    now = [1000.0]
+    store = FakeStore()
+    cfg = RelayConfig(db_url="sqlite://", relay_id="t", claim_max=10)
+    relay = wire_relay(store, FakePublisher(), cfg, clock=lambda: now[0])
+    store.add(make_claimed(1, key=key))
+    relay.wake()
+    assert relay.run_once().claimed == 1
+    return relay, store, cfg, now
+
+
+def test_after_rows_that_each_came_with_a_notification_the_next_look_waits_for_the_next_one() -> (
+    None
+):
+    relay, store, cfg, now = _announcing()
+    assert relay.claimer.next_turn(now[0]) - now[0] == pytest.approx(cfg.poll_interval)
+    now[0] += 0.01
+    assert relay.run_once().published == 1
+    assert relay.claimer.next_turn(now[0]) - now[0] == pytest.approx(cfg.poll_interval - 0.01)
+    # The next notification ends the wait.
+    store.add(make_claimed(2))
+    relay.wake()
+    assert relay.run_once().claimed == 1
+    assert relay.claimer.next_turn(now[0]) - now[0] == pytest.approx(cfg.poll_interval)
+
+
+def test_settling_a_keyed_message_looks_for_its_keys_next_at_once_then_waits() -> None:
+    relay, store, cfg, now = _announcing(key="k")
+    now[0] += 0.01
+    claims = len(store.runs_asked)
+    assert relay.run_once().published == 1
+    assert len(store.runs_asked) == claims + 1  # the key's next may be claimable: looked at once
+    # Nothing came: back to waiting for a notification, not looking every few milliseconds.
+    assert relay.claimer.next_turn(now[0]) - now[0] == pytest.approx(cfg.poll_interval)
+
+
+def test_settling_an_unkeyed_message_looks_for_nothing() -> None:
+    relay, store, _, now = _announcing()
+    now[0] += 0.01
+    claims = len(store.runs_asked)
+    assert relay.run_once().published == 1
+    assert len(store.runs_asked) == claims
+
+
+def test_a_notification_a_claim_could_not_use_yet_still_counts_for_its_row() -> None:
+    # A keyed message whose key is busy: the claim that its notification prompted finds
+    # nothing; the claim after the settlement that frees the key finds it, announced.
+    relay, store, cfg, now = _announcing(key="k")
+    store.add(make_claimed(2, key="k"))
+    relay.wake()
+    now[0] += 0.01
+    relay.run_once()
+    assert relay.claimer.next_turn(now[0]) - now[0] == pytest.approx(cfg.poll_interval)
+
+
+def test_rows_no_notification_announced_keep_the_quick_looks_for_a_while() -> None:
+    relay, store, cfg, now = _after_a_claim_that_took_all_there_was()  # no notification at all
+    assert relay.claimer.next_turn(now[0]) - now[0] == pytest.approx(cfg.min_poll_interval)
+    relay.publisher.confirm_held()  # type: ignore[attr-defined]
+    for seconds in (5.0, UNANNOUNCED_MEMORY + 1):
+        now[0] += seconds
+        store.add(make_claimed(int(now[0])))
+        relay.wake()  # this one was announced: a rationed writer announces some of its rows
+        assert relay.run_once().claimed == 1
+        relay.publisher.confirm_held()  # type: ignore[attr-defined]
+        quick = seconds < UNANNOUNCED_MEMORY
+        wait = cfg.min_poll_interval if quick else cfg.poll_interval
+        assert relay.claimer.next_turn(now[0]) - now[0] == pytest.approx(wait), seconds
 
 
 def test_a_working_relay_says_so_at_info_at_once_then_once_a_minute(
