@@ -35,7 +35,9 @@ from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.timeout(120),
+    # The first test's time includes the module's cluster start (three nodes), which takes a
+    # minute or more on a loaded machine: each of its waits is bounded on its own.
+    pytest.mark.timeout(300),
     pytest.mark.xdist_group("rabbit-cluster"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
