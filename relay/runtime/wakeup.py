@@ -26,7 +26,7 @@ from relay.core.urls import secrets_of
 from relay.runtime.logs import one_line
 from relay.runtime.urls import parse_db_url
 from relay.store.databases import DIALECTS, driver_arguments
-from relay.store.postgres import NOTIFY_PROBE, behind_pooler
+from relay.store.postgres import NOTIFY_PROBE, NOTIFY_TABLE, behind_pooler
 
 if TYPE_CHECKING:
     import psycopg
@@ -39,12 +39,8 @@ MAX_RETRY_DELAY = 30.0
 PROBE_WAIT = 2.0
 
 
-# The outbox table this relay serves, as enqueue names it in a notification's payload.
-_TABLE_OID = "SELECT to_regclass('outbox_message')::oid::text"
-
-
 def _table_oid(conn: psycopg.Connection[Any]) -> str | None:
-    row = conn.execute(_TABLE_OID).fetchone()
+    row = conn.execute(NOTIFY_TABLE).fetchone()
     return None if row is None else row[0]
 
 

@@ -20,6 +20,7 @@ from sqlalchemy import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from outbox.enqueue import NOTIFY_CHANNEL
+from outbox.schema import message
 from relay.errors import ConfigError
 from relay.ports import Claimed, TableHealth
 from relay.store import driven, queries
@@ -86,6 +87,10 @@ LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
 # is carried (a transaction pooler runs LISTEN on a server connection it then lends to others).
 # Any relay listening wakes once; one parameter: a text payload.
 NOTIFY_PROBE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %s)"
+
+# The outbox table this relay serves, as enqueue names it in a notification's payload (its oid,
+# resolved by the search_path: outbox/pg_insert.py): another schema's notifications are not its.
+NOTIFY_TABLE = f"SELECT to_regclass('{message.fullname}')::oid::text"
 
 # ------------------------------------------------------------------------ poolers
 
