@@ -165,7 +165,7 @@ def _environment(pair: Pair) -> Iterator[tuple[str, Engine, str, str]]:
     engine = create_engine(url, pool_size=8, pool_pre_ping=True)
     outbox.create_schema(engine)
     try:
-        with topology(exchange, queue):
+        with topology(exchange, {"#": queue}):
             yield url, engine, exchange, queue
     finally:
         engine.dispose()

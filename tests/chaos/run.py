@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -359,23 +359,27 @@ def settle(
 
 
 @contextlib.contextmanager
-def topology(exchange: str, queue: str) -> Iterator[None]:
-    """A topic exchange and a durable queue bound to all of it, deleted at the end. A connection
-    per step: one left idle through a scenario would be closed by the broker (missed heartbeats,
-    or the broker-restart fault) and could not clean up."""
+def topology(exchange: str, queues: Mapping[str, str]) -> Iterator[None]:
+    """A topic exchange and a durable queue for each binding key (`queues`: key -> queue),
+    deleted at the end. A connection per step: one left idle through a scenario would be closed
+    by the broker (missed heartbeats, or the broker-restart fault) and could not clean up."""
     conn_amqp = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    channel = conn_amqp.channel()
-    channel.exchange_declare(exchange, "topic", durable=True)
-    channel.queue_declare(queue, durable=True)
-    channel.queue_bind(queue, exchange, "#")
-    conn_amqp.close()
+    try:
+        channel = conn_amqp.channel()
+        channel.exchange_declare(exchange, "topic", durable=True)
+        for binding, name in queues.items():
+            channel.queue_declare(name, durable=True)
+            channel.queue_bind(name, exchange, binding)
+    finally:
+        conn_amqp.close()
     try:
         yield
     finally:
         cleanup = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
         try:
             channel = cleanup.channel()
-            channel.queue_delete(queue)
+            for name in queues.values():
+                channel.queue_delete(name)
             channel.exchange_delete(exchange)
         finally:
             cleanup.close()
@@ -413,7 +417,7 @@ def environment(name: str, database: str = "postgresql") -> Iterator[tuple[str, 
         capture.setup(engine, slot=schema, publication=schema)
         outbox.configure(capture="logical", capture_slot=schema)
     try:
-        with topology(exchange, queue):
+        with topology(exchange, {"#": queue}):
             yield url, engine, exchange, queue
     finally:
         if logical:

@@ -66,7 +66,7 @@ from sqlalchemy.pool import NullPool
 
 import outbox
 from tests.chaos.checker import DeliveryChecker
-from tests.chaos.run import AMQP_URL, PG_URL, ROOT, Relay, Row, table
+from tests.chaos.run import AMQP_URL, PG_URL, ROOT, Relay, Row, table, topology
 from tests.support.ports import free_port
 from tests.support.proxy import TcpProxy
 
@@ -523,31 +523,6 @@ def databases(suffix: str, workdir: Path) -> Iterator[list[Tenant]]:
                 conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
         admin.dispose()
         shutil.rmtree(directory, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def topology(exchange: str, queues: dict[str, str]) -> Iterator[None]:
-    """A topic exchange and a durable queue for each routing key (`queues`: key -> queue)."""
-    conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    try:
-        channel = conn.channel()
-        channel.exchange_declare(exchange, "topic", durable=True)
-        for routing_key, name in queues.items():
-            channel.queue_declare(name, durable=True)
-            channel.queue_bind(name, exchange, routing_key)
-    finally:
-        conn.close()
-    try:
-        yield
-    finally:
-        cleanup = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-        try:
-            channel = cleanup.channel()
-            for name in queues.values():
-                channel.queue_delete(name)
-            channel.exchange_delete(exchange)
-        finally:
-            cleanup.close()
 
 
 class ConnectionWatch:
