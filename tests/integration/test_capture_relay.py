@@ -19,7 +19,7 @@ import outbox
 from outbox import config as outbox_config
 from relay.capture import admin
 from tests.support.broker import Broker, Delivery
-from tests.support.cli import RelayProcess, assert_one_line_error, cli
+from tests.support.cli import RelayProcess, assert_one_line_error, cli, kill_running
 from tests.support.db import PG_ADMIN_URL, states
 from tests.support.waiting import wait_until
 
@@ -81,9 +81,7 @@ class Relay(RelayProcess):
 def relays() -> Iterator[list[Relay]]:
     started: list[Relay] = []
     yield started
-    for relay in started:
-        if relay.process.poll() is None:
-            relay.kill()
+    kill_running(started)
 
 
 def enqueue(cap: Captured, exchange: str, messages: Sequence[Mapping[str, object]]) -> list[str]:

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from tests.support.broker import Broker, Delivery
-from tests.support.cli import RelayProcess, assert_one_line_error, cli
+from tests.support.cli import RelayProcess, assert_one_line_error, cli, kill_running
 from tests.support.db import PG_ADMIN_URL, make_app_engine, row_count
 from tests.support.ports import free_port
 from tests.support.proxy import TcpProxy
@@ -63,10 +63,7 @@ class Relay(RelayProcess):
 def relays() -> Iterator[list[Relay]]:
     started: list[Relay] = []
     yield started
-    for relay in started:
-        if relay.process.poll() is None:
-            relay.process.kill()
-            relay.process.wait(timeout=30)
+    kill_running(started)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 from relay.cli.main import main
@@ -115,3 +116,10 @@ class RelayProcess:
         self.process.kill()
         self.process.wait(timeout=30)
         self._reader.join(timeout=5)
+
+
+def kill_running(started: Iterable[RelayProcess]) -> None:
+    """Kill each of `started` still running: a test's fixture, after the test."""
+    for relay in started:
+        if relay.process.poll() is None:
+            relay.kill()
